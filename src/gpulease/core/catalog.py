@@ -1,0 +1,159 @@
+"""The GPU catalog: models, memory, NCU factors and prices, from the operator's pricing file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpulease.core.errors import InvalidInput
+from gpulease.core.money import MoneyError, parse_credits
+
+CPU_MODEL = "CPU"
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    memory_gb: float
+    peak_tflops: float
+    ncu_factor: Decimal
+    hourly_micro: int
+    nvml_match: tuple[str, ...]
+    is_gpu: bool = True
+
+
+@dataclass(frozen=True)
+class Catalog:
+    models: tuple[GpuModel, ...]
+    currency_symbol: str
+    currency_name: str
+    ncu_reference: str
+
+    def get(self, name: str) -> GpuModel:
+        for model in self.models:
+            if model.name.lower() == name.lower():
+                return model
+        known = ", ".join(m.name for m in self.models)
+        raise InvalidInput(f"unknown GPU model {name!r}; the catalog has: {known}")
+
+    @property
+    def ncu_reference_hourly_micro(self) -> int:
+        return self.get(self.ncu_reference).hourly_micro
+
+    def match_nvml_name(self, nvml_name: str, memory_mb: int) -> GpuModel | None:
+        """The catalog model for a GPU as NVML names it ('NVIDIA A100-SXM4-80GB', 81920 MiB).
+
+        Several models may share a pattern (A100 40 GB and 80 GB); the closest memory wins.
+        """
+        candidates = [
+            m
+            for m in self.models
+            if m.is_gpu and any(p.lower() in nvml_name.lower() for p in m.nvml_match)
+        ]
+        if not candidates:
+            return None
+        memory_gb = memory_mb / 1024
+        return min(candidates, key=lambda m: abs(m.memory_gb - memory_gb))
+
+
+DEFAULT_PRICING = "pricing.yaml"
+
+
+def default_pricing_text() -> str:
+    return resources.files("gpulease.core").joinpath(DEFAULT_PRICING).read_text()
+
+
+def _price(raw: Any, where: str) -> int:
+    try:
+        micro = parse_credits(str(raw))
+    except MoneyError as exc:
+        raise InvalidInput(f"pricing file: {where}: {exc}") from exc
+    if micro < 0:
+        raise InvalidInput(f"pricing file: {where}: a price cannot be negative")
+    return micro
+
+
+def parse_catalog(text: str) -> Catalog:
+    """Parse a pricing file. Every mistake is reported with where it is."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"pricing file is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        raise InvalidInput("pricing file needs a 'models:' list")
+    models: list[GpuModel] = []
+    for i, raw in enumerate(data["models"]):
+        where = f"models[{i}]"
+        if not isinstance(raw, dict) or "name" not in raw or "hourly" not in raw:
+            raise InvalidInput(f"pricing file: {where} needs at least name and hourly")
+        models.append(
+            GpuModel(
+                name=str(raw["name"]),
+                memory_gb=float(raw.get("memory_gb", 0)),
+                peak_tflops=float(raw.get("peak_tflops", 0)),
+                ncu_factor=Decimal(str(raw.get("ncu_factor", 0))),
+                hourly_micro=_price(raw["hourly"], f"{where}.hourly"),
+                nvml_match=tuple(str(p) for p in raw.get("nvml_match", [raw["name"]])),
+            )
+        )
+    cpu = data.get("cpu") or {}
+    models.append(
+        GpuModel(
+            name=str(cpu.get("name", CPU_MODEL)),
+            memory_gb=0,
+            peak_tflops=0,
+            ncu_factor=Decimal(0),
+            hourly_micro=_price(cpu.get("hourly", "0.02"), "cpu.hourly"),
+            nvml_match=(),
+            is_gpu=False,
+        )
+    )
+    names = [m.name.lower() for m in models]
+    if len(set(names)) != len(names):
+        raise InvalidInput("pricing file: model names must be unique")
+    currency = data.get("currency") or {}
+    catalog = Catalog(
+        models=tuple(models),
+        currency_symbol=str(currency.get("symbol", "$")),
+        currency_name=str(currency.get("name", "USD")),
+        ncu_reference=str(data.get("ncu_reference", "A100-80GB")),
+    )
+    catalog.get(catalog.ncu_reference)  # must exist
+    return catalog
+
+
+def load_catalog(path: Path | None) -> Catalog:
+    """The operator's pricing file if there is one, else the defaults shipped with gpulease."""
+    if path is not None and path.exists():
+        return parse_catalog(path.read_text())
+    return parse_catalog(default_pricing_text())
+
+
+def parse_accelerators(text: str | None) -> tuple[str, int]:
+    """'A100-80GB:4' -> ('A100-80GB', 4); 'T4' -> ('T4', 1); None/'' / 'CPU' -> ('CPU', 0).
+
+    Counts must be positive integers: 0 or negative means a typo, not CPU mode.
+    """
+    if text is None or not text.strip() or text.strip().lower() in {"cpu", "none"}:
+        return CPU_MODEL, 0
+    name, sep, count_text = text.strip().partition(":")
+    if not name:
+        raise InvalidInput(f"{text!r}: write the GPU as MODEL:COUNT, for example T4:1")
+    if not sep:
+        return name, 1
+    try:
+        count = int(count_text)
+    except ValueError:
+        raise InvalidInput(
+            f"{text!r}: the GPU count must be a whole number, for example {name}:1"
+        ) from None
+    if count < 1:
+        raise InvalidInput(
+            f"{text!r}: the GPU count must be at least 1; for a CPU-only instance leave --gpu out"
+        )
+    return name, count

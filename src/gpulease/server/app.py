@@ -1,0 +1,92 @@
+"""create_app: the ASGI application, its error handling and its background reconcilers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from gpulease.backends.base import Backend
+from gpulease.core.errors import GpuleaseError
+from gpulease.server.reconcilers.loop import ReconcilerThread
+from gpulease.server.routers.api import admin, auth, billing, catalog, instances, runner, runs
+from gpulease.server.routers.ui import pages
+from gpulease.server.runtime import Runtime, build_runtime
+from gpulease.server.settings import Settings
+from gpulease.server.signals import Broadcast
+
+log = logging.getLogger("gpulease.server")
+STATIC = __file__.rsplit("/", 1)[0] + "/static"
+
+
+@dataclass
+class Signals:
+    runs: Broadcast = field(default_factory=Broadcast)
+    logs: Broadcast = field(default_factory=Broadcast)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
+        parts.append(f"{where or 'request'}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    backend: Backend | None = None,
+    reconcilers: bool = True,
+    runtime: Runtime | None = None,
+) -> FastAPI:
+    """The server. Tests pass a FakeBackend and reconcilers=False to drive ticks themselves."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        rt = runtime or build_runtime(settings, backend)
+        app.state.runtime = rt
+        thread = ReconcilerThread(rt) if reconcilers else None
+        app.state.wake_reconcilers = thread.wake.set if thread else (lambda: None)
+        if thread:
+            thread.start()
+        try:
+            yield
+        finally:
+            if thread:
+                thread.stop()
+                thread.join(timeout=10)
+            if runtime is None:
+                rt.engine.dispose()
+
+    app = FastAPI(title="gpulease", version="0.1.0", lifespan=lifespan)
+    app.state.signals = Signals()
+    app.state.wake_reconcilers = lambda: None
+
+    @app.exception_handler(GpuleaseError)
+    async def _refusal(request: Request, exc: GpuleaseError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _validation_message(exc)}, status_code=422)
+
+    for module in (auth, catalog, instances, runs, billing, admin):
+        app.include_router(module.router, prefix="/api/v1")
+    app.include_router(runner.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,99 @@
+"""Engine, sessions and migrations: the same code on SQLite (embedded) and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def normalize_url(url: str) -> str:
+    """postgres:// and postgresql:// mean psycopg 3 here, the driver gpulease ships with."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        path = make_url(url).database
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=10
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Our own BEGIN IMMEDIATE (below): writers queue on the lock instead of failing
+            # with "database is locked" when a read transaction later wants to write.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One unit of work: commits on success, rolls back on any exception."""
+    with factory() as session, session.begin():
+        yield session
+
+
+def alembic_config(engine: Engine) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    return cfg
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest revision. Replicas starting together on Postgres take
+    an advisory lock so that exactly one of them runs the migration."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_lock(7426)"))
+        try:
+            cfg = alembic_config(engine)
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            conn.commit()
+        finally:
+            if engine.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_unlock(7426)"))
+                conn.commit()
+
+
+def for_update(engine_or_session: Session) -> dict[str, Any]:
+    """Options for select(...).with_for_update(**): row locks that skip rows another replica
+    holds on Postgres; SQLite serialises writers itself and ignores them."""
+    return {"skip_locked": True}

@@ -1,0 +1,145 @@
+"""Start runners for placed instances, stop them for stopping ones, release what was asked."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import select, update
+
+from gpulease.backends.base import RunnerSpec
+from gpulease.core.templates import get_template
+from gpulease.server.db import transaction, utcnow
+from gpulease.server.orm import Gpu, Instance
+from gpulease.server.runtime import Runtime
+from gpulease.server.security import RUNNER_TOKEN_PREFIX, hash_token, new_token
+from gpulease.server.services import notifications
+from gpulease.server.services.instances.lifecycle import finish_release
+from gpulease.server.services.instances.states import (
+    FAILED,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    switch_status,
+)
+
+log = logging.getLogger("gpulease.launcher")
+
+
+def tick(rt: Runtime) -> None:
+    launch_placed(rt)
+    finish_stops(rt)
+    finish_releases(rt)
+
+
+def launch_placed(rt: Runtime) -> None:
+    with transaction(rt.sessions) as session:
+        ids = list(
+            session.scalars(
+                select(Instance.id).where(
+                    Instance.status == STARTING, Instance.runner_launched_at.is_(None)
+                )
+            )
+        )
+    for instance_id in ids:
+        _launch(rt, instance_id)
+
+
+def _launch(rt: Runtime, instance_id: int) -> None:
+    token = new_token(RUNNER_TOKEN_PREFIX)
+    now = utcnow()
+    with transaction(rt.sessions) as session:
+        claimed = session.execute(
+            update(Instance)
+            .where(
+                Instance.id == instance_id,
+                Instance.status == STARTING,
+                Instance.runner_launched_at.is_(None),
+            )
+            .values(
+                runner_launched_at=now,
+                runner_token_hash=hash_token(token),
+                last_heartbeat_at=now,
+                status_message="starting runner",
+            )
+            .execution_options(synchronize_session=False)
+        ).rowcount  # type: ignore[attr-defined]
+        if claimed != 1:
+            return  # someone else launched it
+        instance = session.get(Instance, instance_id)
+        assert instance is not None and instance.workspace is not None
+        gpus = list(
+            session.scalars(select(Gpu).where(Gpu.instance_id == instance_id).order_by(Gpu.index))
+        )
+        spec = RunnerSpec(
+            instance_id=instance_id,
+            server_url=rt.settings.runner_url,
+            token=token,
+            workspace=Path(instance.workspace),
+            run_dir=rt.settings.runners_path / str(instance_id),
+            env_cache=rt.settings.envs_path,
+            template=get_template(instance.template),
+            gpu_indices=tuple(g.index for g in gpus if not g.simulated),
+            gpu_uuids=tuple(g.uuid for g in gpus),
+            heartbeat_interval_s=rt.settings.heartbeat_interval_s,
+        )
+    try:
+        handle = rt.backend.start(spec)
+    except Exception as exc:  # a backend error must fail this instance, not the loop
+        log.exception("could not start a runner for instance %s", instance_id)
+        with transaction(rt.sessions) as session:
+            instance = session.get(Instance, instance_id)
+            if instance is not None and instance.status == STARTING:
+                switch_status(session, instance, FAILED, f"could not start its runner: {exc}")
+        return
+    with transaction(rt.sessions) as session:
+        session.execute(
+            update(Instance)
+            .where(Instance.id == instance_id)
+            .values(runner_handle=handle)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def finish_stops(rt: Runtime) -> None:
+    """Stopping instances whose runner is gone, never started, or overran its grace."""
+    grace = timedelta(seconds=rt.settings.stop_grace_s)
+    now = utcnow()
+    with transaction(rt.sessions) as session:
+        rows = [
+            (i.id, i.runner_handle, i.runner_launched_at, i.stop_requested_at)
+            for i in session.scalars(select(Instance).where(Instance.status == STOPPING))
+        ]
+    for instance_id, handle, launched_at, requested_at in rows:
+        reason = None
+        if handle is None:
+            if launched_at is None or now - launched_at > grace:
+                reason = "stopped before its runner started"
+        elif not rt.backend.alive(handle):
+            reason = "its runner has exited"
+        elif requested_at is not None and now - requested_at > grace:
+            rt.backend.stop(handle, force=True)
+            reason = f"its runner did not stop within {grace.seconds} s and was killed"
+        if reason is None:
+            continue
+        with transaction(rt.sessions) as session:
+            instance = session.get(Instance, instance_id)
+            if instance is not None and instance.status == STOPPING:
+                switch_status(session, instance, STOPPED, instance.status_reason or reason)
+
+
+def finish_releases(rt: Runtime) -> None:
+    with transaction(rt.sessions) as session:
+        for instance in session.scalars(
+            select(Instance).where(
+                Instance.desired_state == "released", Instance.status.in_((STOPPED, FAILED))
+            )
+        ):
+            finish_release(session, instance)
+            notifications.notify(
+                session,
+                instance.owner_id,
+                "instance_released",
+                f"instance {instance.name} released",
+            )

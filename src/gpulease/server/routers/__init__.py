@@ -1,0 +1,1 @@
+"""HTTP routes, thin: authenticate, parse, call one service, shape the answer."""

@@ -1,0 +1,44 @@
+"""Operator endpoints: users and credit grants."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Request
+
+from gpulease.core.errors import InvalidInput
+from gpulease.core.money import MoneyError, parse_credits
+from gpulease.server.routers.api.presenters import ledger_line
+from gpulease.server.routers.deps import current_admin, runtime, tx
+from gpulease.server.schemas import GrantCreate, LedgerLine, UserPublic
+from gpulease.server.services import ledger, users
+
+router = APIRouter(prefix="/admin", tags=["admin"])
+
+
+@router.get("/users")
+def list_users(request: Request) -> list[UserPublic]:
+    with tx(request) as session:
+        current_admin(session, request)
+        return [UserPublic.model_validate(u) for u in users.list_users(session)]
+
+
+@router.post("/grants", status_code=201)
+def grant_credit(body: GrantCreate, request: Request) -> LedgerLine:
+    try:
+        amount = parse_credits(body.amount)
+    except MoneyError as exc:
+        raise InvalidInput(str(exc)) from exc
+    with tx(request) as session:
+        admin = current_admin(session, request)
+        user = users.get_user_by_name(session, body.user)
+        txn = ledger.grant(
+            session,
+            user.id,
+            amount,
+            kind="grant",
+            key=f"grant:{uuid.uuid4()}",
+            memo=f"{body.memo} (by {admin.name})",
+        )
+        assert txn is not None
+        return ledger_line(txn, amount, runtime(request).catalog)

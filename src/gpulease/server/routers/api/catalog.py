@@ -1,0 +1,59 @@
+"""The GPU catalog, templates and nodes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from gpulease.core.money import format_credits
+from gpulease.core.templates import BUILTIN_TEMPLATES
+from gpulease.server.routers.deps import current_admin, current_user, runtime, tx
+from gpulease.server.schemas import GpuModelPublic, NodePublic, TemplatePublic
+from gpulease.server.services import nodes
+
+router = APIRouter(tags=["catalog"])
+
+
+@router.get("/gpus")
+def list_gpu_models(request: Request) -> list[GpuModelPublic]:
+    catalog = runtime(request).catalog
+    with tx(request) as session:
+        current_user(session, request)
+        avail = nodes.availability(session, catalog)
+    return [
+        GpuModelPublic(
+            name=m.name,
+            is_gpu=m.is_gpu,
+            memory_gb=m.memory_gb,
+            peak_tflops=m.peak_tflops,
+            ncu_factor=str(m.ncu_factor),
+            hourly_micro=m.hourly_micro,
+            hourly=format_credits(m.hourly_micro, catalog.currency_symbol),
+            free=avail[m.name].free,
+            total=avail[m.name].total,
+            simulated=avail[m.name].simulated,
+        )
+        for m in catalog.models
+    ]
+
+
+@router.get("/templates")
+def list_templates(request: Request) -> list[TemplatePublic]:
+    with tx(request) as session:
+        current_user(session, request)
+    return [
+        TemplatePublic(
+            name=t.name,
+            description=t.description,
+            python=t.python,
+            packages=list(t.packages),
+            cuda=t.cuda,
+        )
+        for t in BUILTIN_TEMPLATES
+    ]
+
+
+@router.get("/nodes")
+def list_nodes(request: Request) -> list[NodePublic]:
+    with tx(request) as session:
+        current_admin(session, request)
+        return [NodePublic.model_validate(n) for n in nodes.list_nodes(session)]

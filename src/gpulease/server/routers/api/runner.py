@@ -1,0 +1,142 @@
+"""The runner protocol (docs/runner-protocol.md): runners talk to the server only here."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
+
+from gpulease.core.errors import Unauthorized
+from gpulease.server.routers.deps import bearer, tx
+from gpulease.server.schemas import (
+    RunnerAction,
+    RunnerCommands,
+    RunnerExit,
+    RunnerFailed,
+    RunnerHeartbeat,
+    RunnerLogs,
+    RunnerReady,
+    RunnerRun,
+    RunnerStarted,
+    RunnerStatus,
+)
+from gpulease.server.services import runners, runs
+
+router = APIRouter(prefix="/runner/v1", tags=["runner"])
+MAX_WAIT_S = 30.0
+
+
+def _token(request: Request) -> str:
+    token = bearer(request)
+    if not token:
+        raise Unauthorized("runner calls need 'Authorization: Bearer <runner token>'")
+    return token
+
+
+@router.post("/status", status_code=204)
+def status(body: RunnerStatus, request: Request) -> Response:
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, _token(request))
+        runners.report_status(session, instance, body.message)
+    return Response(status_code=204)
+
+
+@router.post("/ready", status_code=204)
+def ready(body: RunnerReady, request: Request) -> Response:
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, _token(request))
+        runners.ready(session, instance)
+    request.app.state.signals.runs.fire()
+    return Response(status_code=204)
+
+
+@router.post("/heartbeat")
+def heartbeat(body: RunnerHeartbeat, request: Request) -> RunnerAction:
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, _token(request))
+        return RunnerAction(action=runners.heartbeat(session, instance))
+
+
+@router.get("/commands")
+async def commands(request: Request, wait: float = 20.0) -> RunnerCommands:
+    """Long poll: answers as soon as a run is pending, or empty after `wait` seconds."""
+    token = _token(request)
+    deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
+
+    def _pending() -> list[RunnerRun]:
+        with tx(request) as session:
+            instance = runners.instance_for_token(session, token)
+            return [
+                RunnerRun(id=r.id, command=r.command, env=r.env)
+                for r in runners.pending_runs(session, instance)
+            ]
+
+    while True:
+        found = await run_in_threadpool(_pending)
+        left = deadline - time.monotonic()
+        if found or left <= 0 or await request.is_disconnected():
+            return RunnerCommands(runs=found)
+        await request.app.state.signals.runs.wait(min(left, 1.0))
+
+
+@router.post("/runs/{run_id}/started", status_code=204)
+def run_started(run_id: int, body: RunnerStarted, request: Request) -> Response:
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, _token(request))
+        runners.run_started(session, instance, runners.run_of(session, instance, run_id))
+    request.app.state.signals.logs.fire()
+    return Response(status_code=204)
+
+
+@router.post("/runs/{run_id}/logs", status_code=204)
+def run_logs(run_id: int, body: RunnerLogs, request: Request) -> Response:
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, _token(request))
+        run = runners.run_of(session, instance, run_id)
+        runs.append_logs(session, run, [(c.seq, c.stream, c.data, c.time) for c in body.chunks])
+    request.app.state.signals.logs.fire()
+    return Response(status_code=204)
+
+
+@router.post("/runs/{run_id}/exit", status_code=204)
+def run_exit(run_id: int, body: RunnerExit, request: Request) -> Response:
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, _token(request))
+        runners.run_exited(
+            session, instance, runners.run_of(session, instance, run_id), body.exit_code
+        )
+    request.app.state.signals.logs.fire()
+    request.app.state.wake_reconcilers()
+    return Response(status_code=204)
+
+
+@router.get("/workdir", response_model=None)
+def workdir(request: Request) -> Response | FileResponse:
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, _token(request))
+        upload = instance.workdir_upload
+    if not upload:
+        return Response(status_code=204)
+    return FileResponse(upload, media_type="application/gzip")
+
+
+@router.post("/stopped", status_code=204)
+def stopped(request: Request) -> Response:
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, _token(request))
+        runners.stopped(session, instance)
+    request.app.state.signals.logs.fire()
+    request.app.state.wake_reconcilers()
+    return Response(status_code=204)
+
+
+@router.post("/failed", status_code=204)
+def failed(body: RunnerFailed, request: Request) -> Response:
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, _token(request))
+        runners.failed(session, instance, body.reason)
+    request.app.state.signals.logs.fire()
+    request.app.state.wake_reconcilers()
+    return Response(status_code=204)

@@ -1,0 +1,65 @@
+"""What a running server holds: settings, database, catalog, backend. Built once at start."""
+
+from __future__ import annotations
+
+import logging
+import platform
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpulease.backends.base import Backend
+from gpulease.core.catalog import Catalog, default_pricing_text, load_catalog
+from gpulease.gpus.discovery import discover
+from gpulease.server.db import make_engine, make_sessionmaker, migrate, transaction
+from gpulease.server.services import nodes, users
+from gpulease.server.settings import Settings
+
+log = logging.getLogger("gpulease.server")
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    catalog: Catalog
+    backend: Backend
+    node_name: str
+    admin_password_generated: str | None = None
+
+
+def default_backend(settings: Settings) -> Backend:
+    from gpulease.backends.local import LocalBackend
+
+    return LocalBackend()
+
+
+def build_runtime(settings: Settings, backend: Backend | None = None) -> Runtime:
+    """Prepare the data directory, migrate the database, load prices, register this host."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    settings.home.chmod(0o700)
+    for path in (settings.workspaces_path, settings.runners_path, settings.uploads_path):
+        path.mkdir(parents=True, exist_ok=True)
+    if settings.pricing_file is None and not settings.pricing_path.exists():
+        settings.pricing_path.write_text(default_pricing_text())
+    catalog = load_catalog(settings.pricing_path)
+    engine = make_engine(settings.db_url)
+    migrate(engine)
+    sessions = make_sessionmaker(engine)
+    node_name = settings.node_name or platform.node() or "local"
+    inventory = discover(catalog, settings.simulated_gpus)
+    with transaction(sessions) as session:
+        nodes.register_node(session, node_name, "local", inventory)
+        password = settings.admin_password.get_secret_value() if settings.admin_password else None
+        generated = users.ensure_admin(session, settings.admin_name, password)
+    return Runtime(
+        settings=settings,
+        engine=engine,
+        sessions=sessions,
+        catalog=catalog,
+        backend=backend or default_backend(settings),
+        node_name=node_name,
+        admin_password_generated=generated,
+    )

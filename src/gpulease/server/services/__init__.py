@@ -1,0 +1,1 @@
+"""Business rules, one function per action, each taking the session first."""

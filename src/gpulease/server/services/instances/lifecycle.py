@@ -1,0 +1,189 @@
+"""What renters ask of instances: create, list, show, stop, start, release."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpulease.core.catalog import Catalog, parse_accelerators
+from gpulease.core.errors import Conflict, InvalidInput, NotFound, PaymentRequired
+from gpulease.core.money import cost_for_seconds, format_credits
+from gpulease.core.templates import get_template
+from gpulease.scheduler.fifo import Request, queue_positions
+from gpulease.server.db import utcnow
+from gpulease.server.orm import Instance, User
+from gpulease.server.services import ledger, nodes
+from gpulease.server.services.instances.states import (
+    FAILED,
+    QUEUED,
+    RELEASED,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    switch_status,
+)
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def require_credit(
+    session: Session, user: User, hourly_micro: int, min_minutes: int, symbol: str
+) -> None:
+    needed = cost_for_seconds(hourly_micro, min_minutes * 60)
+    balance = ledger.balance(session, user.id)
+    if balance <= 0 or balance < needed:
+        raise PaymentRequired(
+            f"not enough credit: this instance costs {format_credits(hourly_micro, symbol)}/h "
+            f"and needs {format_credits(needed, symbol)} for its first {min_minutes} minutes; "
+            f"your balance is {format_credits(balance, symbol)}. Ask an admin for credit."
+        )
+
+
+def create_instance(
+    session: Session,
+    owner: User,
+    *,
+    catalog: Catalog,
+    gpu: str | None,
+    template: str,
+    name: str | None,
+    auto_release: bool,
+    min_start_minutes: int,
+    workspaces: Path,
+) -> Instance:
+    model_name, count = parse_accelerators(gpu)
+    model_name = nodes.check_request_fits(session, catalog, model_name, count)
+    entry = catalog.get(model_name)
+    get_template(template)
+    hourly = entry.hourly_micro * max(count, 1)
+    require_credit(session, owner, hourly, min_start_minutes, catalog.currency_symbol)
+    if name is not None:
+        if not NAME_RE.match(name):
+            raise InvalidInput(
+                f"{name!r} is not a valid instance name: use lowercase letters, digits and '-'"
+            )
+        if session.scalar(
+            select(Instance.id).where(
+                Instance.owner_id == owner.id, Instance.name == name, Instance.status != RELEASED
+            )
+        ):
+            raise Conflict(f"you already have an instance named {name!r}")
+    now = utcnow()
+    instance = Instance(
+        owner_id=owner.id,
+        name=name or f"tmp-{now.strftime('%H%M%S%f')}",
+        gpu_model=entry.name,
+        gpu_count=count,
+        template=template,
+        hourly_micro=hourly,
+        status=QUEUED,
+        desired_state="running",
+        auto_release=auto_release,
+        queued_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(instance)
+    session.flush()
+    if name is None:
+        seq = session.scalar(select(func.count(Instance.id)).where(Instance.owner_id == owner.id))
+        instance.name = f"{entry.name.lower()}-{seq}-{instance.id}"
+    instance.workspace = str(workspaces / str(instance.id))
+    session.flush()
+    return instance
+
+
+def get_instance(session: Session, owner: User, ref: str | int) -> Instance:
+    """An instance of owner's by id or name. Someone else's is simply not found."""
+    text = str(ref)
+    query = select(Instance).where(Instance.owner_id == owner.id)
+    if text.isdigit():
+        query = query.where(Instance.id == int(text))
+    else:
+        query = query.where(Instance.name == text).order_by(Instance.id.desc())
+    instance = session.scalars(query).first()
+    if instance is None:
+        raise NotFound(f"you have no instance {text!r}; see `gpulease instance ls`")
+    return instance
+
+
+def list_instances(
+    session: Session, owner: User, *, include_released: bool = False
+) -> list[Instance]:
+    query = select(Instance).where(Instance.owner_id == owner.id).order_by(Instance.id)
+    if not include_released:
+        query = query.where(Instance.status != RELEASED)
+    return list(session.scalars(query))
+
+
+def current_queue(session: Session) -> list[Request]:
+    rows = session.scalars(
+        select(Instance).where(Instance.status == QUEUED).order_by(Instance.queued_at, Instance.id)
+    )
+    return [Request(i.id, i.gpu_model, i.gpu_count) for i in rows]
+
+
+def queue_position_map(session: Session) -> dict[int, int]:
+    return queue_positions(current_queue(session))
+
+
+def stop_instance(
+    session: Session, instance: Instance, reason: str = "stopped by its owner"
+) -> None:
+    """Ask for a stop. Queued: stopped at once. Live: the runner is told to stop; the GPUs
+    are freed and billing ends when it has. Stopping a stopped instance is a no-op."""
+    if instance.status in (STOPPED, FAILED, STOPPING):
+        if instance.desired_state == "running":
+            instance.desired_state = "stopped"
+        return
+    if instance.status == RELEASED:
+        raise Conflict(f"instance {instance.name} was released; it cannot be stopped")
+    instance.desired_state = "stopped"
+    if instance.status == QUEUED:
+        switch_status(session, instance, STOPPED, reason)
+    elif instance.status in (STARTING, RUNNING):
+        switch_status(session, instance, STOPPING, reason)
+
+
+def start_instance(
+    session: Session, instance: Instance, *, catalog: Catalog, min_start_minutes: int
+) -> None:
+    if instance.status in (QUEUED, STARTING, RUNNING):
+        return
+    if instance.status == STOPPING:
+        raise Conflict(f"instance {instance.name} is still stopping; start it once it is stopped")
+    if instance.status == RELEASED:
+        raise Conflict(f"instance {instance.name} was released; create a new one")
+    nodes.check_request_fits(session, catalog, instance.gpu_model, instance.gpu_count)
+    owner = session.get(User, instance.owner_id)
+    assert owner is not None
+    require_credit(
+        session, owner, instance.hourly_micro, min_start_minutes, catalog.currency_symbol
+    )
+    instance.desired_state = "running"
+    switch_status(session, instance, QUEUED, "started by its owner")
+
+
+def release_instance(session: Session, instance: Instance) -> None:
+    """Ask for a release: stop first if live; the workspace is deleted when it is stopped."""
+    if instance.status == RELEASED:
+        return
+    instance.desired_state = "released"
+    if instance.status in (QUEUED, STOPPED, FAILED):
+        finish_release(session, instance)
+    elif instance.status in (STARTING, RUNNING):
+        switch_status(session, instance, STOPPING, "released by its owner")
+
+
+def finish_release(session: Session, instance: Instance) -> None:
+    switch_status(session, instance, RELEASED, instance.status_reason or "released")
+    for path in (instance.workspace, instance.workdir_upload):
+        if path:
+            shutil.rmtree(path, ignore_errors=True) if Path(path).is_dir() else Path(path).unlink(
+                missing_ok=True
+            )

@@ -1,0 +1,144 @@
+"""The ledger: append-only double-entry transactions in integer micro-credits.
+
+Every transaction's entries sum to zero. A wallet's balance is the sum of its entries.
+A transaction's idempotency key is unique: posting the same key twice is a no-op, which is
+what makes a retried or replayed billing tick harmless.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gpulease.core.errors import InvalidInput
+from gpulease.server.db import utcnow
+from gpulease.server.orm import LedgerAccount, LedgerEntry, LedgerTransaction
+
+WALLET = "wallet"
+REVENUE = "revenue"
+GRANTS = "grants"
+MAX_GRANT_MICRO = 10**15  # a billion credits: anything bigger is a typo
+
+
+def account_id(session: Session, kind: str, user_id: int | None = None) -> int:
+    found = session.scalar(
+        select(LedgerAccount.id).where(LedgerAccount.kind == kind, LedgerAccount.user_id == user_id)
+    )
+    if found is not None:
+        return found
+    try:
+        with session.begin_nested():
+            account = LedgerAccount(kind=kind, user_id=user_id)
+            session.add(account)
+            session.flush()
+            return account.id
+    except IntegrityError:
+        # Another transaction created it first.
+        found = session.scalar(
+            select(LedgerAccount.id).where(
+                LedgerAccount.kind == kind, LedgerAccount.user_id == user_id
+            )
+        )
+        assert found is not None
+        return found
+
+
+def post(
+    session: Session,
+    *,
+    kind: str,
+    key: str,
+    legs: list[tuple[int, int]],
+    memo: str = "",
+    user_id: int | None = None,
+    instance_id: int | None = None,
+) -> LedgerTransaction | None:
+    """Append one balanced transaction of (account_id, amount) legs.
+
+    Returns None when a transaction with this key exists already (a replay).
+    """
+    if sum(amount for _, amount in legs) != 0:
+        raise ValueError(f"unbalanced ledger transaction {key}: {legs}")
+    if session.scalar(select(LedgerTransaction.id).where(LedgerTransaction.idempotency_key == key)):
+        return None
+    now = utcnow()
+    txn = LedgerTransaction(
+        kind=kind,
+        idempotency_key=key,
+        memo=memo,
+        user_id=user_id,
+        instance_id=instance_id,
+        created_at=now,
+    )
+    session.add(txn)
+    session.flush()
+    for acc, amount in legs:
+        session.add(
+            LedgerEntry(transaction_id=txn.id, account_id=acc, amount=amount, created_at=now)
+        )
+    session.flush()
+    return txn
+
+
+def grant(
+    session: Session, user_id: int, amount_micro: int, *, kind: str, key: str, memo: str
+) -> LedgerTransaction | None:
+    if amount_micro <= 0:
+        raise InvalidInput("a credit grant must be a positive amount")
+    if amount_micro > MAX_GRANT_MICRO:
+        raise InvalidInput("that grant is larger than a billion credits; check the amount")
+    return post(
+        session,
+        kind=kind,
+        key=key,
+        legs=[
+            (account_id(session, GRANTS), -amount_micro),
+            (account_id(session, WALLET, user_id), amount_micro),
+        ],
+        memo=memo,
+        user_id=user_id,
+    )
+
+
+def charge_usage(
+    session: Session, user_id: int, instance_id: int, amount_micro: int, *, key: str, memo: str
+) -> LedgerTransaction | None:
+    if amount_micro == 0:
+        return None
+    return post(
+        session,
+        kind="usage",
+        key=key,
+        legs=[
+            (account_id(session, WALLET, user_id), -amount_micro),
+            (account_id(session, REVENUE), amount_micro),
+        ],
+        memo=memo,
+        user_id=user_id,
+        instance_id=instance_id,
+    )
+
+
+def balance(session: Session, user_id: int) -> int:
+    total = session.scalar(
+        select(func.coalesce(func.sum(LedgerEntry.amount), 0))
+        .join(LedgerAccount, LedgerAccount.id == LedgerEntry.account_id)
+        .where(LedgerAccount.kind == WALLET, LedgerAccount.user_id == user_id)
+    )
+    return int(total or 0)
+
+
+def wallet_entries(
+    session: Session, user_id: int, limit: int = 200
+) -> list[tuple[LedgerTransaction, int]]:
+    """The user's wallet movements, newest first: (transaction, signed amount)."""
+    rows = session.execute(
+        select(LedgerTransaction, LedgerEntry.amount)
+        .join(LedgerEntry, LedgerEntry.transaction_id == LedgerTransaction.id)
+        .join(LedgerAccount, LedgerAccount.id == LedgerEntry.account_id)
+        .where(LedgerAccount.kind == WALLET, LedgerAccount.user_id == user_id)
+        .order_by(LedgerTransaction.id.desc())
+        .limit(limit)
+    ).all()
+    return [(txn, int(amount)) for txn, amount in rows]

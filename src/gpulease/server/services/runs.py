@@ -1,0 +1,108 @@
+"""Runs: commands executed in an instance, their logs and exit codes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpulease.core.errors import Conflict, InvalidInput, NotFound
+from gpulease.server.db import utcnow
+from gpulease.server.orm import Instance, LogChunk, Run, User
+from gpulease.server.services.instances.states import QUEUED, RUNNING, STARTING
+
+MAX_COMMAND = 100_000
+MAX_ENV = 200
+
+
+def create_run(
+    session: Session,
+    instance: Instance,
+    command: str,
+    env: dict[str, str],
+    *,
+    stop_instance_on_exit: bool = False,
+) -> Run:
+    if not command.strip():
+        raise InvalidInput("the command is empty; give one after --, e.g. `-- python train.py`")
+    if len(command) > MAX_COMMAND:
+        raise InvalidInput(f"the command is longer than {MAX_COMMAND} characters; use a script")
+    if len(env) > MAX_ENV:
+        raise InvalidInput(f"at most {MAX_ENV} environment variables per run")
+    if instance.status not in (QUEUED, STARTING, RUNNING) or instance.desired_state != "running":
+        raise Conflict(
+            f"instance {instance.name} is {instance.status}; start it first with "
+            f"`gpulease instance start {instance.name}`"
+        )
+    run = Run(
+        instance_id=instance.id,
+        owner_id=instance.owner_id,
+        command=command,
+        env=dict(env),
+        status="pending",
+        stop_instance_on_exit=stop_instance_on_exit,
+        created_at=utcnow(),
+    )
+    session.add(run)
+    session.flush()
+    return run
+
+
+def get_run(session: Session, owner: User, run_id: int) -> Run:
+    run = session.get(Run, run_id)
+    if run is None or run.owner_id != owner.id:
+        raise NotFound(f"you have no run {run_id}; see `gpulease runs`")
+    return run
+
+
+def list_runs(
+    session: Session, owner: User, instance_id: int | None = None, limit: int = 100
+) -> list[Run]:
+    query = select(Run).where(Run.owner_id == owner.id)
+    if instance_id is not None:
+        query = query.where(Run.instance_id == instance_id)
+    return list(session.scalars(query.order_by(Run.id.desc()).limit(limit)))
+
+
+def read_logs(session: Session, run: Run, after: int = -1, limit: int = 1000) -> list[LogChunk]:
+    """Chunks with seq > after, in order."""
+    return list(
+        session.scalars(
+            select(LogChunk)
+            .where(LogChunk.run_id == run.id, LogChunk.seq > after)
+            .order_by(LogChunk.seq)
+            .limit(limit)
+        )
+    )
+
+
+def append_logs(session: Session, run: Run, chunks: list[tuple[int, str, str, float]]) -> None:
+    """Store (seq, stream, data, unix time) chunks; a seq already stored is skipped, so a
+    runner's retry never duplicates output."""
+    if not chunks:
+        return
+    seqs = [c[0] for c in chunks]
+    have = set(
+        session.scalars(
+            select(LogChunk.seq).where(LogChunk.run_id == run.id, LogChunk.seq.in_(seqs))
+        )
+    )
+    for seq, stream, data, time in chunks:
+        if seq in have or seq < 0:
+            continue
+        have.add(seq)
+        session.add(
+            LogChunk(
+                run_id=run.id,
+                seq=seq,
+                stream=stream if stream in ("stdout", "stderr") else "stdout",
+                data=data,
+                time=datetime.fromtimestamp(time, UTC),
+            )
+        )
+    session.flush()
+
+
+def is_finished(run: Run) -> bool:
+    return run.status in ("succeeded", "failed")

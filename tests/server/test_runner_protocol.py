@@ -1,0 +1,144 @@
+"""The server's side of the runner protocol: runs, logs, exits, one-shot instances."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from factories import Caller, RunnerDouble
+
+
+def _running(
+    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble], **kw: object
+) -> tuple[int, RunnerDouble]:
+    r = ann.post("/api/v1/instances", json={"gpu": "T4:1", **kw})
+    assert r.status_code == 201, r.text
+    instance_id = int(r.json()["id"])
+    tick()
+    runner = runner_for(instance_id)
+    runner.ready()
+    return instance_id, runner
+
+
+def test_run_logs_and_exit_code(
+    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    instance_id, runner = _running(ann, tick, runner_for)
+    run = ann.post(
+        f"/api/v1/instances/{instance_id}/runs",
+        json={"command": "python train.py", "env": {"LR": "0.1"}},
+    ).json()
+    assert run["status"] == "pending"
+    (cmd,) = runner.commands()
+    assert cmd == {"id": run["id"], "command": "python train.py", "env": {"LR": "0.1"}}
+    runner.run(run["id"], ["epoch 1 loss=0.9", "epoch 2 loss=0.5"], 0)
+    assert runner.commands() == []
+    page = ann.get(f"/api/v1/runs/{run['id']}/logs").json()
+    assert [c["data"] for c in page["chunks"]] == ["epoch 1 loss=0.9\n", "epoch 2 loss=0.5\n"]
+    assert page["run"]["status"] == "succeeded" and page["run"]["exit_code"] == 0
+    later = ann.get(f"/api/v1/runs/{run['id']}/logs", params={"after": 0}).json()
+    assert [c["seq"] for c in later["chunks"]] == [1]
+
+
+def test_resent_log_chunks_are_not_duplicated(
+    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    instance_id, runner = _running(ann, tick, runner_for)
+    run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "x"}).json()
+    chunk = {"seq": 0, "stream": "stderr", "data": "warning\n", "time": 1.7e9}
+    for _ in range(3):
+        assert (
+            runner.call("POST", f"/runs/{run['id']}/logs", json={"chunks": [chunk]}).status_code
+            == 204
+        )
+    page = ann.get(f"/api/v1/runs/{run['id']}/logs").json()
+    assert len(page["chunks"]) == 1 and page["chunks"][0]["stream"] == "stderr"
+
+
+def test_failed_run_reports_its_code(
+    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    instance_id, runner = _running(ann, tick, runner_for)
+    run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "exit 3"}).json()
+    runner.run(run["id"], [], 3)
+    got = ann.get(f"/api/v1/runs/{run['id']}").json()
+    assert got["status"] == "failed" and got["exit_code"] == 3
+    assert ann.get(f"/api/v1/instances/{instance_id}").json()["status"] == "running"
+
+
+def test_one_shot_instance_is_released_when_its_run_ends(
+    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    instance_id, runner = _running(ann, tick, runner_for, auto_release=True)
+    run = ann.post(
+        f"/api/v1/instances/{instance_id}/runs",
+        json={"command": "python train.py", "stop_instance_on_exit": True},
+    ).json()
+    runner.run(run["id"], ["done"], 0)
+    assert ann.get(f"/api/v1/instances/{instance_id}").json()["status"] == "stopping"
+    assert runner.heartbeat() == "stop"
+    runner.stopped()
+    tick()
+    assert ann.get(f"/api/v1/instances/{instance_id}").json()["status"] == "released"
+
+
+def test_runs_end_when_their_instance_stops(
+    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    instance_id, runner = _running(ann, tick, runner_for)
+    run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "sleep 100"}).json()
+    ann.post(f"/api/v1/instances/{instance_id}/stop")
+    runner.stopped()
+    got = ann.get(f"/api/v1/runs/{run['id']}").json()
+    assert got["status"] == "failed" and "stopped by its owner" in got["status_reason"]
+
+
+def test_runner_cannot_touch_another_instances_runs(
+    ann: Caller, bob: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    a_id, _ = _running(ann, tick, runner_for)
+    _, b_runner = _running(bob, tick, runner_for, gpu="A100-80GB:1")
+    run = ann.post(f"/api/v1/instances/{a_id}/runs", json={"command": "x"}).json()
+    r = b_runner.call(
+        "POST",
+        f"/runs/{run['id']}/logs",
+        json={"chunks": [{"seq": 0, "stream": "stdout", "data": "forged", "time": 1.0}]},
+    )
+    assert r.status_code == 404
+    assert (
+        b_runner.call("POST", f"/runs/{run['id']}/exit", json={"exit_code": 0}).status_code == 404
+    )
+    assert ann.get(f"/api/v1/runs/{run['id']}").json()["status"] == "pending"
+    assert ann.get(f"/api/v1/runs/{run['id']}/logs").json()["chunks"] == []
+    # a user token is not a runner token
+    r = ann.http.post("/runner/v1/heartbeat", headers=ann.headers, json={})
+    assert r.status_code == 401
+
+
+def test_workdir_upload_reaches_the_runner(
+    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    r = ann.post("/api/v1/instances", json={"gpu": "T4:1"})
+    instance_id = r.json()["id"]
+    assert ann.put(f"/api/v1/instances/{instance_id}/workdir", content=b"").status_code == 422
+    assert (
+        ann.put(f"/api/v1/instances/{instance_id}/workdir", content=b"\x1f\x8bdata").status_code
+        == 204
+    )
+    tick()
+    runner = runner_for(instance_id)
+    got = runner.call("GET", "/workdir")
+    assert got.status_code == 200 and got.content == b"\x1f\x8bdata"
+
+
+def test_log_stream_sends_chunks_then_end(
+    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    instance_id, runner = _running(ann, tick, runner_for)
+    run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "x"}).json()
+    runner.run(run["id"], ["a", "b"], 0)
+    with ann.http.stream("GET", f"/api/v1/runs/{run['id']}/logs/stream", headers=ann.headers) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        body = "".join(r.iter_text())
+    events = [line.split(": ", 1)[1] for line in body.splitlines() if line.startswith("event: ")]
+    assert events == ["log", "log", "status", "end"]
+    assert '"exit_code": 0' in body
