@@ -1,0 +1,1 @@
+"""Template environments: venvs built once per recipe, cached and shared between instances."""

@@ -1,0 +1,1 @@
+"""GPUs of this host: discovery through NVML and simulated GPUs for development."""

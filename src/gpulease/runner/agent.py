@@ -1,0 +1,342 @@
+"""The runner's life: prepare the instance, report ready, run commands, stop cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+
+from gpulease.backends.base import RunnerSpec
+from gpulease.envs.build import EnvBuildError, ensure_env, env_python
+from gpulease.runner.connection import Aborted, Connection, ServerGone, Unreachable
+from gpulease.runner.jobs import LEFTOVER_GRACE_S, STOP_GRACE_S, RunProcess, run_env, stop_runs
+from gpulease.runner.logs import LogBatcher
+from gpulease.runner.workdir import UnsafeArchive, extract_workdir
+
+log = logging.getLogger(__name__)
+
+API = "/runner/v1"
+FLUSH_INTERVAL_S = 0.2
+POLL_WAIT_S = 20
+WORKDIR_MARKER = "workdir-extracted"
+_MAX_REASON = 8000
+
+
+class StopRequested(Exception):
+    """The runner was told to stop (SIGTERM, heartbeat, 409) before the instance was ready."""
+
+
+@dataclass
+class _Run:
+    process: RunProcess
+    reporter: threading.Thread | None = None
+    reported: bool = False  # exit acknowledged, or nobody left to tell
+
+
+class Agent:
+    """One runner serving one instance, as docs/runner-protocol.md describes.
+
+    serve() returns the process exit code: 0 after a stop (also when the instance was
+    released), 1 when the instance cannot be served (the server was told why with /failed).
+    """
+
+    def __init__(
+        self,
+        spec: RunnerSpec,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        stop_grace_s: float = STOP_GRACE_S,
+        leftover_grace_s: float = LEFTOVER_GRACE_S,
+        poll_wait_s: int = POLL_WAIT_S,
+    ) -> None:
+        self.spec = spec
+        self._stop_grace = stop_grace_s
+        self._leftover_grace = leftover_grace_s
+        self._poll_wait = poll_wait_s
+        self._stopping = threading.Event()
+        self._finished = threading.Event()
+        self._lock = threading.Lock()
+        self._accepting = True
+        self._runs: dict[int, _Run] = {}
+        self._env_dir = Path()
+        self.connection = Connection(
+            spec.server_url, spec.token, on_stop=self.request_stop, transport=transport
+        )
+
+    def request_stop(self, reason: str) -> None:
+        """Stop all runs and exit; safe from any thread and from a signal handler."""
+        if not self._stopping.is_set():
+            log.info("stopping: %s", reason)
+            self._stopping.set()
+
+    def serve(self) -> int:
+        try:
+            return self._serve()
+        except Exception as exc:
+            log.exception("the runner crashed")
+            self._emergency_stop()
+            return self._fail(f"the runner crashed: {type(exc).__name__}: {exc}")
+        finally:
+            self._finished.set()
+            self.connection.close()
+
+    def _serve(self) -> int:
+        try:
+            self._env_dir = self._prepare()
+            response = self.connection.call(
+                "POST",
+                f"{API}/ready",
+                json={"pid": os.getpid(), "python": str(env_python(self._env_dir))},
+                abort=self._stopping,
+            )
+        except (ServerGone, StopRequested, Aborted) as exc:
+            log.info("not serving the instance: %s", exc or type(exc).__name__)
+            return self._stopped()
+        except (EnvBuildError, UnsafeArchive) as exc:
+            return self._fail(exc.message)
+        if response.status_code == 409 or self._stopping.is_set():
+            return self._shutdown()
+        if not response.is_success:
+            return self._fail(f"the server refused ready with HTTP {response.status_code}")
+        log.info("instance %d is ready", self.spec.instance_id)
+        for target in (self._heartbeats, self._poll_commands):
+            threading.Thread(target=self._forever, args=(target,), daemon=True).start()
+        while not self._stopping.wait(0.5):
+            pass
+        return self._shutdown()
+
+    def _forever(self, loop: Callable[[], None]) -> None:
+        """Keep a background loop going through unexpected errors until the runner exits."""
+        while not self._finished.is_set():
+            try:
+                loop()
+                return
+            except Exception:
+                if self._finished.is_set():
+                    return
+                log.exception("%s failed; restarting it", loop.__name__)
+                self._finished.wait(1.0)
+
+    # -- preparing ---------------------------------------------------------------------------
+
+    def _prepare(self) -> Path:
+        template = self.spec.template
+        self._status(f"preparing environment {template.name}")
+        env_dir = ensure_env(template, self.spec.env_cache, self._status)
+        self._status("preparing the workspace")
+        self._fetch_workdir()
+        self._check_stop()
+        return env_dir
+
+    def _check_stop(self) -> None:
+        if self._stopping.is_set():
+            raise StopRequested("asked to stop while preparing")
+
+    def _status(self, message: str) -> None:
+        """Progress shown to the user; best effort, a lost message is not retried."""
+        self._check_stop()
+        try:
+            self.connection.call(
+                "POST", f"{API}/status", json={"message": message}, retry=False, timeout=5
+            )
+        except Unreachable as exc:
+            log.warning("progress %r not delivered: %s", message, exc)
+        self._check_stop()
+
+    def _fetch_workdir(self) -> None:
+        """Extract the uploaded workdir into the workspace, once per instance: after a
+        stop/start the workspace holds the user's newer files."""
+        workspace = self.spec.workspace
+        workspace.mkdir(parents=True, exist_ok=True)
+        run_dir = self.spec.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        marker = run_dir / WORKDIR_MARKER
+        if marker.exists():
+            return
+        archive = run_dir / "workdir.tar"
+        try:
+            response = self.connection.call(
+                "GET", f"{API}/workdir", download_to=archive, timeout=300, abort=self._stopping
+            )
+            if response.status_code == 200:
+                count = extract_workdir(archive, workspace)
+                log.info("extracted %d workdir files into %s", count, workspace)
+            elif response.status_code != 204:
+                self._check_stop()
+                raise UnsafeArchive(
+                    f"the workdir could not be fetched: HTTP {response.status_code}"
+                )
+        finally:
+            archive.unlink(missing_ok=True)
+        marker.write_text("")
+
+    # -- running ---------------------------------------------------------------------------
+
+    def _heartbeats(self) -> None:
+        """Until the runner exits, also while stopping: the server sees it is still there."""
+        unreachable = False
+        while not self._finished.is_set():
+            running = self._running_ids()
+            try:
+                response = self.connection.call(
+                    "POST",
+                    f"{API}/heartbeat",
+                    json={"running_runs": running},
+                    retry=False,
+                    timeout=10,
+                )
+            except ServerGone:
+                return
+            except Unreachable as exc:
+                if not unreachable:
+                    log.warning("heartbeat not delivered: %s", exc)
+                unreachable = True
+            else:
+                unreachable = False
+                if response.status_code == 200 and _json(response).get("action") == "stop":
+                    self.request_stop("the server asked to stop")
+            self._finished.wait(self.spec.heartbeat_interval_s)
+
+    def _running_ids(self) -> list[int]:
+        with self._lock:
+            return sorted(run_id for run_id, run in self._runs.items() if not run.reported)
+
+    def _poll_commands(self) -> None:
+        while not self._stopping.is_set():
+            asked = time.monotonic()
+            try:
+                response = self.connection.call(
+                    "GET",
+                    f"{API}/commands",
+                    params={"wait": self._poll_wait},
+                    timeout=self._poll_wait + 15,
+                    abort=self._stopping,
+                )
+            except (ServerGone, Aborted):
+                return
+            if response.status_code == 200:
+                runs = _json(response).get("runs")
+                for item in runs if isinstance(runs, list) else []:
+                    self._start_run(item)
+            elif not self._stopping.is_set():
+                self._stopping.wait(1.0)
+            if time.monotonic() - asked < FLUSH_INTERVAL_S:  # a server that answers at once
+                self._stopping.wait(FLUSH_INTERVAL_S)
+
+    def _start_run(self, item: Any) -> None:
+        try:
+            run_id = int(item["id"])
+            command = str(item["command"])
+            extra = {str(k): str(v) for k, v in (item.get("env") or {}).items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            log.error("ignoring a malformed run from the server: %r", item)
+            return
+        with self._lock:
+            if not self._accepting or run_id in self._runs:
+                return
+            process = RunProcess(
+                run_id,
+                command,
+                env=run_env(self.spec, self._env_dir, run_id, extra),
+                cwd=self.spec.workspace,
+                batcher=LogBatcher(),
+                leftover_grace_s=self._leftover_grace,
+            )
+            process.start()
+            run = _Run(process)
+            run.reporter = threading.Thread(
+                target=self._report, args=(run,), name=f"run-{run_id}-report"
+            )
+            self._runs[run_id] = run
+            run.reporter.start()
+
+    def _report(self, run: _Run) -> None:
+        """started, then log chunks as they come, then exit once every chunk is acknowledged."""
+        process = run.process
+        batcher = process.batcher
+        path = f"{API}/runs/{process.run_id}"
+        try:
+            self.connection.call("POST", f"{path}/started", json={"pid": process.pid})
+            while True:
+                finished = process.finished
+                batcher.seal()
+                while chunks := batcher.unacked():
+                    body = {"chunks": [chunk.to_json() for chunk in chunks]}
+                    self.connection.call("POST", f"{path}/logs", json=body)
+                    batcher.ack(chunks)
+                if finished:
+                    break
+                batcher.wait(FLUSH_INTERVAL_S)
+            self.connection.call("POST", f"{path}/exit", json={"exit_code": process.exit_code})
+            log.info("run %d: exit %s reported", process.run_id, process.exit_code)
+        except ServerGone:
+            log.info("run %d: the server is gone; its report is dropped", process.run_id)
+        except Exception:
+            log.exception("reporting run %d failed", process.run_id)
+        finally:
+            with self._lock:
+                run.reported = True
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def _shutdown(self) -> int:
+        with self._lock:
+            self._accepting = False
+            runs = list(self._runs.values())
+        stop_runs([run.process for run in runs], self._stop_grace)
+        for run in runs:
+            if run.reporter is not None:
+                run.reporter.join()
+        return self._stopped()
+
+    def _emergency_stop(self) -> None:
+        with self._lock:
+            self._accepting = False
+            runs = list(self._runs.values())
+        stop_runs([run.process for run in runs], self._stop_grace)
+
+    def _stopped(self) -> int:
+        if self.connection.gone.is_set():
+            return 0  # nobody to tell
+        with contextlib.suppress(ServerGone):
+            self.connection.call("POST", f"{API}/stopped", json={})
+        log.info("stopped")
+        return 0
+
+    def _fail(self, reason: str) -> int:
+        log.error("cannot serve instance %d: %s", self.spec.instance_id, reason)
+        with contextlib.suppress(ServerGone, Aborted):
+            self.connection.call(
+                "POST", f"{API}/failed", json={"reason": reason[:_MAX_REASON]}, abort=self._stopping
+            )
+        return 1
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def serve(spec: RunnerSpec) -> int:
+    """Run an agent for spec in this process, stopping it on SIGTERM or SIGINT."""
+    agent = Agent(spec)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        agent.request_stop(f"got {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return agent.serve()

@@ -1,0 +1,196 @@
+"""A run's process: `bash -c COMMAND` in its own process group, its output read into a batcher."""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO
+
+from gpulease.backends.base import RunnerSpec
+from gpulease.runner.logs import LogBatcher
+from gpulease.runner.procfs import group_running, signal_group
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+# After a run's main process exits: how long the processes it left behind get after SIGTERM,
+# and how long output may still trickle out of pipes that escaped the process group.
+LEFTOVER_GRACE_S = 2.0
+READ_BYTES = 64 * 1024
+_DROPPED_VARIABLES = ("PYTHONHOME", "PYTHONPATH", "VIRTUAL_ENV")
+
+
+def run_env(
+    spec: RunnerSpec,
+    env_dir: Path,
+    run_id: int,
+    extra: Mapping[str, str],
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of a run: the runner's own (base), the instance's extra_env, the run's
+    env, then what the protocol fixes and nobody may override: CUDA_VISIBLE_DEVICES (exactly
+    the instance's GPUs, in NVML's PCI order), the venv first on PATH, GPULEASE_* ids."""
+    env = {
+        key: value
+        for key, value in (os.environ if base is None else base).items()
+        if key not in _DROPPED_VARIABLES and not key.startswith("GPULEASE_")
+    }
+    env.update(spec.extra_env)
+    env.update(extra)
+    venv_bin = str(env_dir / "bin")
+    path = env.get("PATH") or os.defpath
+    env.update(
+        {
+            "PATH": f"{venv_bin}{os.pathsep}{path}",
+            "VIRTUAL_ENV": str(env_dir),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in spec.gpu_indices),
+            # NVML and nvidia-smi number GPUs in PCI bus order; CUDA, unless told, puts the
+            # fastest first. Without this, index 1 could be another tenant's GPU.
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "GPULEASE_INSTANCE_ID": str(spec.instance_id),
+            "GPULEASE_RUN_ID": str(run_id),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+class RunProcess:
+    """One run. start() spawns it; when its main process has exited, whatever it left in its
+    process group has been stopped and all its output is in the batcher, `exit_code` is set
+    and the batcher is closed (a signal N gives -N)."""
+
+    def __init__(
+        self,
+        run_id: int,
+        command: str,
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        batcher: LogBatcher,
+        leftover_grace_s: float = LEFTOVER_GRACE_S,
+    ) -> None:
+        self.run_id = run_id
+        self.command = command
+        self.batcher = batcher
+        self.exit_code: int | None = None
+        self.pid = 0
+        self._env = dict(env)
+        self._cwd = cwd
+        self._leftover_grace = leftover_grace_s
+        self._process: subprocess.Popen[bytes] | None = None
+        self._readers: list[threading.Thread] = []
+        self._abandon = threading.Event()
+
+    def start(self) -> None:
+        """Spawn the run. A run that cannot be spawned ends at once with exit code 127 and
+        the reason in its stderr."""
+        bash = shutil.which("bash") or "/bin/bash"
+        try:
+            process = subprocess.Popen(
+                [bash, "-c", self.command],
+                cwd=self._cwd,
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                process_group=0,
+                close_fds=True,
+            )
+        except OSError as exc:
+            log.error("run %d could not start: %s", self.run_id, exc)
+            self.batcher.write("stderr", f"gpulease: the run could not start: {exc}\n")
+            self.exit_code = 127
+            self.batcher.close()
+            return
+        self._process = process
+        self.pid = process.pid
+        assert process.stdout is not None and process.stderr is not None
+        for stream, pipe in (("stdout", process.stdout), ("stderr", process.stderr)):
+            reader = threading.Thread(
+                target=self._read, args=(stream, pipe), name=f"run-{self.run_id}-{stream}"
+            )
+            reader.start()
+            self._readers.append(reader)
+        threading.Thread(target=self._watch, name=f"run-{self.run_id}-watch").start()
+        log.info("run %d started as pid %d: %s", self.run_id, process.pid, self.command)
+
+    @property
+    def finished(self) -> bool:
+        return self.batcher.closed
+
+    def group_exists(self) -> bool:
+        return self.pid > 0 and group_running(self.pid)
+
+    def signal(self, signum: int) -> None:
+        """Send signum to the run's whole process group."""
+        if self.pid > 0:
+            signal_group(self.pid, signum)
+
+    def _read(self, stream: str, pipe: IO[bytes]) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        fd = pipe.fileno()
+        try:
+            while not self._abandon.is_set():
+                ready, _, _ = select.select([fd], [], [], 0.2)
+                if not ready:
+                    continue
+                data = os.read(fd, READ_BYTES)
+                if not data:
+                    break
+                self.batcher.write(stream, decoder.decode(data))
+            self.batcher.write(stream, decoder.decode(b"", final=True))
+        finally:
+            pipe.close()
+
+    def _watch(self) -> None:
+        assert self._process is not None
+        code = self._process.wait()
+        if self.group_exists():
+            log.info("run %d exited; stopping the processes it left behind", self.run_id)
+            self.signal(signal.SIGTERM)
+            deadline = time.monotonic() + self._leftover_grace
+            while self.group_exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.signal(signal.SIGKILL)
+        for reader in self._readers:
+            reader.join(timeout=self._leftover_grace)
+        if any(reader.is_alive() for reader in self._readers):
+            log.warning(
+                "run %d: a process outside its group keeps its output open; "
+                "later output is not captured",
+                self.run_id,
+            )
+            self._abandon.set()
+            for reader in self._readers:
+                reader.join()
+        self.exit_code = code
+        log.info("run %d exited with %d", self.run_id, code)
+        self.batcher.close()
+
+
+def stop_runs(runs: Iterable[RunProcess], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM every run's process group, SIGKILL the groups still there after grace_s.
+    Returns when no run's process group is left; their final output may still be read."""
+    active = [run for run in runs if not run.finished]
+    for run in active:
+        log.info("stopping run %d", run.run_id)
+        run.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(
+        not run.finished and run.group_exists() for run in active
+    ):
+        time.sleep(0.05)
+    for run in active:
+        if run.group_exists():
+            log.warning("run %d ignored SIGTERM for %.0f s; killing it", run.run_id, grace_s)
+            run.signal(signal.SIGKILL)
