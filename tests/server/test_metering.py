@@ -150,3 +150,17 @@ def test_billing_starts_when_running_not_while_queued(
     with transaction(rt.sessions) as session:
         assert session.scalar(select(func.count(UsageSegment.id))) == 0
         assert session.scalar(select(func.count(Instance.id))) == 3
+
+
+def test_running_instances_are_charged_in_steps_and_to_the_second_at_stop(
+    ann: Caller, rt: Runtime, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    instance_id = _running(ann, tick, runner_for, "A100-80GB:1")
+    _backdate_segment(rt, instance_id, 10)
+    with transaction(rt.sessions) as session:
+        assert metering.charge_open_segments(session, min_step_s=30) == set()
+    _backdate_segment(rt, instance_id, 25)
+    with transaction(rt.sessions) as session:
+        assert metering.charge_open_segments(session, min_step_s=30) != set()
+        seg = metering.open_segment_of(session, instance_id)
+        assert seg is not None and seg.billed_seconds in (35, 36)

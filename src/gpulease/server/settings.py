@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     # A runner silent for this long whose process is gone marks its instance failed.
     heartbeat_timeout_s: float = 15.0
     stop_grace_s: float = 20.0
+    # Running instances are charged every this many seconds (and to the second when they
+    # stop); a balance may lag that much behind the meter.
+    billing_step_s: int = 30
     session_days: int = 14
 
     @model_validator(mode="after")

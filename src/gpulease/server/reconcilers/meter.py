@@ -15,7 +15,7 @@ from gpulease.server.services.instances.states import QUEUED, RUNNING, STARTING
 
 def tick(rt: Runtime) -> None:
     with transaction(rt.sessions) as session:
-        owners = metering.charge_open_segments(session)
+        owners = metering.charge_open_segments(session, min_step_s=rt.settings.billing_step_s)
     for owner_id in sorted(owners):
         with transaction(rt.sessions) as session:
             balance = ledger.balance(session, owner_id)

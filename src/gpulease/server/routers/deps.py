@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 from fastapi import Request
 from sqlalchemy.orm import Session
@@ -37,8 +38,31 @@ def bearer(request: Request) -> str | None:
     return None
 
 
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+
+
+def same_origin(request: Request) -> bool:
+    """False when the Origin (or, lacking it, the Referer) names another host than this one.
+
+    A form post without either header is let through: browsers send Origin on every
+    cross-site POST, and the SameSite=Lax cookie is not sent on one anyway. `Origin: null`
+    (sandboxed frames, some redirects) counts as another host.
+    """
+    source = request.headers.get("origin") or request.headers.get("referer")
+    if source is None:
+        return True
+    netloc = urlsplit(source).netloc.lower()
+    return bool(netloc) and netloc == request.headers.get("host", "").lower()
+
+
 def current_user(session: Session, request: Request) -> User:
-    secret = bearer(request) or request.cookies.get(SESSION_COOKIE)
+    """The caller, by bearer token or by the console's session cookie. A cookie alone does
+    not authorise a state change from another site (CSRF)."""
+    secret = bearer(request)
+    if secret is None:
+        secret = request.cookies.get(SESSION_COOKIE)
+        if secret and request.method not in SAFE_METHODS and not same_origin(request):
+            raise Forbidden("this request was sent from another site; use the console itself")
     if not secret:
         raise Unauthorized(
             "no token: log in with `gpulease login --server URL` "

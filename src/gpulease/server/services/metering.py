@@ -89,14 +89,24 @@ def close_segment(session: Session, instance: Instance, at: datetime) -> None:
     segment.ended_at = at
 
 
-def charge_open_segments(session: Session, now: datetime | None = None) -> set[int]:
-    """Bill every open segment up to now. Returns the owners that were charged."""
+def charge_open_segments(
+    session: Session, now: datetime | None = None, *, min_step_s: int = 0
+) -> set[int]:
+    """Bill every open segment up to now. Returns the owners that were charged.
+
+    min_step_s skips segments billed less than that many seconds ago, so a long rental
+    makes one ledger transaction per step rather than one per second; closing a segment
+    always bills it to the second.
+    """
     now = now or utcnow()
     owners = set()
     segments = session.scalars(
         select(UsageSegment).where(UsageSegment.ended_at.is_(None)).order_by(UsageSegment.id)
     ).all()
     for segment in segments:
+        elapsed = (now - segment.started_at).total_seconds()
+        if elapsed - segment.billed_seconds < min_step_s:
+            continue
         if charge_segment(session, segment, now):
             owners.add(segment.owner_id)
     return owners

@@ -1,0 +1,168 @@
+"""Console sign-in: log in, register, log out. A session is a `session` token in a cookie."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Query, Request, Response
+from fastapi.responses import RedirectResponse
+from sqlalchemy.orm import Session
+
+from gpulease.core.errors import GpuleaseError, InvalidInput
+from gpulease.core.money import format_credits
+from gpulease.server.orm import User
+from gpulease.server.routers.deps import SESSION_COOKIE, runtime, same_origin, tx
+from gpulease.server.routers.ui.guards import (
+    LOGIN_PATH,
+    clear_session_cookie,
+    safe_next,
+    set_session_cookie,
+    viewer,
+)
+from gpulease.server.routers.ui.templating import render
+from gpulease.server.services import console, tokens, users
+
+router = APIRouter()
+
+# Fields default to "" so that a missing one gets the service's message on the form, not a 422.
+FormText = Annotated[str, Form()]
+NextField = Annotated[str, Form(alias="next")]
+NextQuery = Annotated[str, Query(alias="next")]
+
+
+def cross_site_refusal(request: Request) -> Response:
+    return render(
+        request,
+        "errors/error.html",
+        {
+            "title": "Request refused",
+            "message": "This form was sent from another site, so it was refused. "
+            "Open the console at its own address and try again.",
+        },
+        status_code=403,
+    )
+
+
+def _open_session(request: Request, session: Session, user: User) -> str:
+    days = runtime(request).settings.session_days
+    secret, _ = tokens.create_token(
+        session, user, "web session", kind="session", ttl=timedelta(days=days)
+    )
+    return secret
+
+
+def _signed_in(request: Request, secret: str, target: str) -> Response:
+    response = RedirectResponse(safe_next(target), status_code=303)
+    set_session_cookie(request, response, secret)
+    return response
+
+
+def _already_signed_in(request: Request) -> bool:
+    if SESSION_COOKIE not in request.cookies:
+        return False
+    with tx(request) as session:
+        return viewer(session, request) is not None
+
+
+def _login_page(
+    request: Request, *, next_: str, name: str = "", error: str = "", status_code: int = 200
+) -> Response:
+    signup = runtime(request).settings.signup_enabled
+    context = {"next": safe_next(next_), "name": name, "error": error, "signup": signup}
+    return render(request, "account/login.html", context, status_code=status_code)
+
+
+def _register_page(
+    request: Request, *, name: str = "", error: str = "", status_code: int = 200
+) -> Response:
+    rt = runtime(request)
+    credit = format_credits(rt.settings.signup_credit_micro, rt.catalog.currency_symbol, 2)
+    context = {"name": name, "error": error, "signup_credit": credit}
+    return render(request, "account/register.html", context, status_code=status_code)
+
+
+def _signup_closed(request: Request) -> Response:
+    return render(
+        request,
+        "errors/error.html",
+        {
+            "title": "Sign-up is closed",
+            "message": "This server does not take new sign-ups; ask an admin for an account.",
+        },
+        status_code=403,
+    )
+
+
+@router.get("/login")
+def login_form(request: Request, next_: NextQuery = "/") -> Response:
+    if _already_signed_in(request):
+        return RedirectResponse(safe_next(next_), status_code=303)
+    return _login_page(request, next_=next_)
+
+
+@router.post("/login")
+def login(
+    request: Request, name: FormText = "", password: FormText = "", next_: NextField = "/"
+) -> Response:
+    if not same_origin(request):
+        return cross_site_refusal(request)
+    name = name.strip()
+    try:
+        if not name or not password:
+            raise InvalidInput("enter your user name and password")
+        with tx(request) as session:
+            user = users.authenticate(session, name, password)
+            secret = _open_session(request, session, user)
+    except GpuleaseError as exc:
+        return _login_page(
+            request, next_=next_, name=name, error=exc.message, status_code=exc.status
+        )
+    return _signed_in(request, secret, next_)
+
+
+@router.get("/register")
+def register_form(request: Request) -> Response:
+    if not runtime(request).settings.signup_enabled:
+        return _signup_closed(request)
+    if _already_signed_in(request):
+        return RedirectResponse("/", status_code=303)
+    return _register_page(request)
+
+
+@router.post("/register")
+def register(
+    request: Request, name: FormText = "", password: FormText = "", password_repeat: FormText = ""
+) -> Response:
+    if not same_origin(request):
+        return cross_site_refusal(request)
+    settings = runtime(request).settings
+    if not settings.signup_enabled:
+        return _signup_closed(request)
+    name = name.strip()
+    try:
+        if password != password_repeat:
+            raise InvalidInput("the two passwords differ; type the same password twice")
+        with tx(request) as session:
+            user = users.create_user(
+                session, name, password, signup_credit_micro=settings.signup_credit_micro
+            )
+            secret = _open_session(request, session, user)
+    except GpuleaseError as exc:
+        return _register_page(request, name=name, error=exc.message, status_code=exc.status)
+    return _signed_in(request, secret, "/")
+
+
+@router.post("/logout")
+def logout(request: Request) -> Response:
+    if not same_origin(request):
+        return cross_site_refusal(request)
+    secret = request.cookies.get(SESSION_COOKIE)
+    if secret:
+        with tx(request) as session:
+            row = console.session_token(session, secret)
+            if row is not None and row.revoked_at is None:
+                tokens.revoke_token(session, row.user, row.id)
+    response = RedirectResponse(LOGIN_PATH, status_code=303)
+    clear_session_cookie(request, response)
+    return response
