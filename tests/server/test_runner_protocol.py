@@ -142,3 +142,27 @@ def test_log_stream_sends_chunks_then_end(
     events = [line.split(": ", 1)[1] for line in body.splitlines() if line.startswith("event: ")]
     assert events == ["log", "log", "status", "end"]
     assert '"exit_code": 0' in body
+
+
+def test_an_instance_awaiting_its_workdir_is_not_placed_until_it_lands(
+    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    r = ann.post("/api/v1/instances", json={"gpu": "T4:1", "awaiting_workdir": True})
+    instance_id = r.json()["id"]
+    assert r.json()["status_message"] == "waiting for the workdir upload"
+    other = ann.post("/api/v1/instances", json={"gpu": "T4:1"}).json()["id"]
+    tick()
+    # the waiting one does not hold up the queue behind it
+    assert ann.get(f"/api/v1/instances/{instance_id}").json()["status"] == "queued"
+    assert ann.get(f"/api/v1/instances/{other}").json()["status"] == "starting"
+    ann.post(f"/api/v1/instances/{other}/release")
+    runner_for(other).stopped()
+    tick()
+    assert ann.get(f"/api/v1/instances/{instance_id}").json()["status"] == "queued"
+    assert (
+        ann.put(f"/api/v1/instances/{instance_id}/workdir", content=b"\x1f\x8b..").status_code
+        == 204
+    )
+    tick()
+    assert ann.get(f"/api/v1/instances/{instance_id}").json()["status"] == "starting"
+    assert runner_for(instance_id).call("GET", "/workdir").content == b"\x1f\x8b.."

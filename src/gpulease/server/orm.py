@@ -175,6 +175,8 @@ class Instance(Base):
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"))
     workspace: Mapped[str | None] = mapped_column(String(500))
     workdir_upload: Mapped[str | None] = mapped_column(String(500))
+    # Created by `gpulease run`, whose workdir upload follows: not placed until it lands.
+    awaiting_workdir: Mapped[bool] = mapped_column(Boolean, default=False)
     runner_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
     runner_handle: Mapped[str | None] = mapped_column(String(255))
     runner_launched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -103,6 +103,8 @@ class InstanceCreate(BaseModel):
     template: str = Field(default="pytorch", max_length=64)
     name: str | None = Field(default=None, max_length=64)
     auto_release: bool = False
+    # A workdir upload follows: keep the instance queued until it has arrived.
+    awaiting_workdir: bool = False
 
 
 class InstancePublic(BaseModel):

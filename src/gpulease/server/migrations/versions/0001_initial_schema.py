@@ -83,6 +83,7 @@ def upgrade() -> None:
         sa.Column("node_id", sa.Integer(), nullable=True),
         sa.Column("workspace", sa.String(length=500), nullable=True),
         sa.Column("workdir_upload", sa.String(length=500), nullable=True),
+        sa.Column("awaiting_workdir", sa.Boolean(), nullable=False),
         sa.Column("runner_token_hash", sa.String(length=64), nullable=True),
         sa.Column("runner_handle", sa.String(length=255), nullable=True),
         sa.Column("runner_launched_at", sa.DateTime(timezone=True), nullable=True),

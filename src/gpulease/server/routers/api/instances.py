@@ -36,6 +36,7 @@ def create_instance(body: InstanceCreate, request: Request) -> InstancePublic:
             template=body.template,
             name=body.name,
             auto_release=body.auto_release,
+            awaiting_workdir=body.awaiting_workdir,
             min_start_minutes=rt.settings.min_start_minutes,
             workspaces=rt.settings.workspaces_path,
         )
@@ -133,8 +134,12 @@ async def upload_workdir(ref: str, request: Request) -> Response:
             user = current_user(session, request)
             instance = lifecycle.get_instance(session, user, ref)
             instance.workdir_upload = str(target)
+            if instance.awaiting_workdir:
+                instance.awaiting_workdir = False
+                instance.status_message = ""
 
     await run_in_threadpool(_record)
+    request.app.state.wake_reconcilers()
     return Response(status_code=204)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -14,6 +15,7 @@ from gpulease.server.schemas import LogChunkPublic, LogPage, RunPublic
 from gpulease.server.services import runs
 
 router = APIRouter(tags=["runs"])
+KEEPALIVE_S = 15.0  # below the 60 s idle cut of common proxies
 
 
 @router.get("/runs")
@@ -61,8 +63,10 @@ async def stream_logs(run_id: int, request: Request, after: int = -1) -> Streami
         nonlocal after
         chunks, run = first
         last_status = None
-        idle = 0
+        quiet_since = time.monotonic()
         while True:
+            if chunks:
+                quiet_since = time.monotonic()
             for c in chunks:
                 after = c.seq
                 yield f"event: log\ndata: {c.model_dump_json()}\n\n"
@@ -76,10 +80,10 @@ async def stream_logs(run_id: int, request: Request, after: int = -1) -> Streami
             if not chunks:
                 if await request.is_disconnected():
                     return
-                if not await signals.logs.wait(0.5):
-                    idle += 1
-                    if idle % 30 == 0:
-                        yield ": keep-alive\n\n"
+                await signals.logs.wait(0.5)
+                if time.monotonic() - quiet_since > KEEPALIVE_S:
+                    quiet_since = time.monotonic()
+                    yield ": keep-alive\n\n"
             chunks, run = await run_in_threadpool(_page, after)
 
     return StreamingResponse(

@@ -28,7 +28,8 @@ from gpulease.server.services.instances.states import (
     switch_status,
 )
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# A letter first: an all-digit ref means an id.
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 
 
 def require_credit(
@@ -55,6 +56,7 @@ def create_instance(
     auto_release: bool,
     min_start_minutes: int,
     workspaces: Path,
+    awaiting_workdir: bool = False,
 ) -> Instance:
     model_name, count = parse_accelerators(gpu)
     model_name = nodes.check_request_fits(session, catalog, model_name, count)
@@ -65,7 +67,8 @@ def create_instance(
     if name is not None:
         if not NAME_RE.match(name):
             raise InvalidInput(
-                f"{name!r} is not a valid instance name: use lowercase letters, digits and '-'"
+                f"{name!r} is not a valid instance name: use lowercase letters, digits and '-', "
+                "starting with a letter"
             )
         if session.scalar(
             select(Instance.id).where(
@@ -84,6 +87,8 @@ def create_instance(
         status=QUEUED,
         desired_state="running",
         auto_release=auto_release,
+        awaiting_workdir=awaiting_workdir,
+        status_message="waiting for the workdir upload" if awaiting_workdir else "",
         queued_at=now,
         created_at=now,
         updated_at=now,
@@ -123,7 +128,9 @@ def list_instances(
 
 def current_queue(session: Session) -> list[Request]:
     rows = session.scalars(
-        select(Instance).where(Instance.status == QUEUED).order_by(Instance.queued_at, Instance.id)
+        select(Instance)
+        .where(Instance.status == QUEUED, Instance.awaiting_workdir.is_(False))
+        .order_by(Instance.queued_at, Instance.id)
     )
     return [Request(i.id, i.gpu_model, i.gpu_count) for i in rows]
 

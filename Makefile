@@ -1,0 +1,47 @@
+# gpulease: `make server` runs the platform, `make test` sets up and runs every check.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: server test setup setup-dev system-deps postgres lint typecheck pytest bench clean
+
+# ---- the main job: the server with its web console on embedded defaults --------------------
+server: setup
+	$(BIN)/gpulease server
+
+setup: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e .
+	touch $@
+
+# ---- the tests -------------------------------------------------------------------------------
+test: setup-dev system-deps postgres lint typecheck pytest
+
+setup-dev: $(VENV)/.installed-dev
+$(VENV)/.installed-dev: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(VENV)/.installed $@
+
+system-deps:
+	scripts/system-deps.sh
+
+postgres:
+	scripts/ensure-postgres.sh
+
+lint:
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+
+typecheck:
+	$(BIN)/mypy
+
+pytest:
+	$(BIN)/pytest
+
+bench: setup-dev
+	$(BIN)/python benchmarks/launch_latency.py
+
+clean:
+	rm -rf $(VENV) .cache test-artifacts .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The `gpulease` command line: a Typer app, thin over gpulease.client."""

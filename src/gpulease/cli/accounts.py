@@ -1,0 +1,174 @@
+"""Account commands: register, login, logout, whoami, and API tokens."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Annotated
+
+import typer
+
+from gpulease.cli import connection
+from gpulease.cli.connection import logged_in_client, server_url_or_saved
+from gpulease.cli.output import (
+    OutputFormat,
+    OutputOption,
+    add_row,
+    console,
+    note,
+    print_json,
+    show_fields,
+    show_table,
+    table,
+    when,
+)
+from gpulease.client import ClientError, Login, config_path, save_login
+from gpulease.client.config import TOKEN_ENV, forget_token, normalize_server_url
+
+
+def _server_url(value: str | None) -> str:
+    # Eager, so a missing server is reported before the name and password prompts.
+    try:
+        return normalize_server_url(server_url_or_saved(value))
+    except ClientError as exc:
+        raise typer.BadParameter(exc.message) from exc
+
+
+ServerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        help="server URL, e.g. http://gpu-box:8420 (default: the saved one)",
+        is_eager=True,
+        callback=_server_url,
+    ),
+]
+NameOption = Annotated[str, typer.Option("--name", prompt="Name", help="your account name")]
+
+
+def register(
+    name: NameOption,
+    password: Annotated[
+        str,
+        typer.Option(
+            "--password",
+            prompt="Password",
+            hide_input=True,
+            confirmation_prompt=True,
+            help="prompted for (hidden) when left out",
+        ),
+    ],
+    server: ServerOption = None,
+    email: Annotated[str | None, typer.Option("--email")] = None,
+) -> None:
+    """Create an account on a server and stay logged in to it."""
+    url = _server_url(server)
+    with connection.open_client(url, None) as client:
+        result = client.register(name, password, email=email)
+    path = save_login(Login(server=url, token=result.token, user=result.user.name))
+    console().print(f"registered [bold]{result.user.name}[/bold] on {url}; logged in")
+    note(f"login saved in {path}")
+
+
+def login(
+    name: NameOption,
+    password: Annotated[
+        str,
+        typer.Option(
+            "--password", prompt="Password", hide_input=True, help="prompted when left out"
+        ),
+    ],
+    server: ServerOption = None,
+) -> None:
+    """Log in to a server; the token is saved for the next commands."""
+    url = _server_url(server)
+    with connection.open_client(url, None) as client:
+        result = client.login(name, password, token_name=f"cli on {platform.node() or 'host'}")
+    path = save_login(Login(server=url, token=result.token, user=result.user.name))
+    console().print(f"logged in to {url} as [bold]{result.user.name}[/bold]")
+    note(f"login saved in {path}")
+
+
+def logout() -> None:
+    """Revoke the saved token on the server and forget it here (the server URL stays)."""
+    saved = forget_token()
+    if saved.token is None:
+        note("not logged in")
+    elif saved.server is not None:
+        try:
+            with connection.open_client(saved.server, saved.token) as client:
+                prefix = saved.token[:10]
+                for token in client.list_tokens():
+                    if token.prefix == prefix and token.revoked_at is None:
+                        client.revoke_token(token.id)
+        except ClientError as exc:
+            note(f"the token was forgotten here but not revoked on the server: {exc.message}")
+        console().print(f"logged out of {saved.server}")
+    if os.environ.get(TOKEN_ENV):
+        note(f"{TOKEN_ENV} is still set in your environment; unset it too")
+
+
+def whoami(output: OutputOption = OutputFormat.table) -> None:
+    """Who the saved login is, on which server."""
+    with logged_in_client() as client:
+        user = client.me()
+    if output is OutputFormat.json:
+        print_json({**user.model_dump(mode="json"), "server": client.server_url})
+        return
+    show_fields(
+        [
+            ("user", user.name),
+            ("role", user.role),
+            ("server", client.server_url),
+            ("since", when(user.created_at)),
+            ("config", config_path()),
+        ]
+    )
+
+
+token_app = typer.Typer(help="API tokens for scripts and other machines.", no_args_is_help=True)
+
+
+@token_app.command("create")
+def token_create(
+    name: Annotated[str, typer.Argument(help="what the token is for, e.g. 'laptop'")],
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Create an API token; its secret is shown this once only."""
+    with logged_in_client() as client:
+        created = client.create_token(name)
+    if output is OutputFormat.json:
+        print_json(created)
+        return
+    typer.echo(created.token)
+    note(f"token {created.info.id} ({created.info.name}): copy it now, it is not shown again")
+
+
+@token_app.command("ls")
+def token_list(output: OutputOption = OutputFormat.table) -> None:
+    """Your API tokens (secrets are never shown again, only their first characters)."""
+    with logged_in_client() as client:
+        tokens = client.list_tokens()
+    if output is OutputFormat.json:
+        print_json(tokens)
+        return
+    result = table("ID", "NAME", "PREFIX", "CREATED", "LAST USED", "REVOKED")
+    for t in tokens:
+        add_row(
+            result,
+            t.id,
+            t.name,
+            t.prefix + "…",
+            when(t.created_at),
+            when(t.last_used_at),
+            when(t.revoked_at),
+        )
+    show_table(result, empty="no tokens")
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: Annotated[int, typer.Argument(metavar="ID")]) -> None:
+    """Revoke a token: requests with it are refused from now on."""
+    with logged_in_client() as client:
+        client.revoke_token(token_id)
+    console().print(f"token {token_id} revoked")

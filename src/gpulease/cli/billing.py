@@ -1,0 +1,100 @@
+"""Money commands: balance, usage, and the operator's credit grants and user list."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpulease.cli.connection import logged_in_client
+from gpulease.cli.output import (
+    OutputFormat,
+    OutputOption,
+    add_row,
+    console,
+    print_json,
+    show_fields,
+    show_table,
+    table,
+    when,
+)
+from gpulease.core.money import format_credits
+
+
+def balance(output: OutputOption = OutputFormat.table) -> None:
+    """Your credit, in money and in NCU (1 NCU = one A100 for 24 hours)."""
+    with logged_in_client() as client:
+        found = client.balance()
+    if output is OutputFormat.json:
+        print_json(found)
+        return
+    show_fields([("balance", f"{found.balance} {found.currency}"), ("ncu", found.ncu)])
+
+
+def _duration(seconds: int) -> str:
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def usage(output: OutputOption = OutputFormat.table) -> None:
+    """What you were billed: GPU usage segments, then every ledger line."""
+    with logged_in_client() as client:
+        found = client.usage()
+    if output is OutputFormat.json:
+        print_json(found)
+        return
+    segments = table(
+        "INSTANCE", "GPU", "RATE/H", "STARTED", "ENDED", "BILLED", "CHARGED", title="usage"
+    )
+    for s in found.segments:
+        add_row(
+            segments,
+            s.instance_id,
+            f"{s.gpu_model}:{s.gpu_count}" if s.gpu_count else s.gpu_model,
+            format_credits(s.hourly_micro, ""),
+            when(s.started_at),
+            when(s.ended_at) if s.ended_at else "running",
+            _duration(s.billed_seconds),
+            format_credits(s.charged_micro, ""),
+        )
+    show_table(segments, empty="no GPU usage yet")
+    ledger = table("TIME", "KIND", "AMOUNT", "INSTANCE", "MEMO", title="ledger")
+    for line in found.ledger:
+        add_row(ledger, when(line.created_at), line.kind, line.amount, line.instance_id, line.memo)
+    show_table(ledger, empty="no ledger entries yet")
+
+
+admin_app = typer.Typer(help="Operator commands (admin accounts only).", no_args_is_help=True)
+
+
+@admin_app.command("grant")
+def grant(
+    user: Annotated[str, typer.Argument(help="account name")],
+    amount: Annotated[str, typer.Argument(help="credits, e.g. 25.00")],
+    memo: Annotated[str, typer.Option("--memo", help="shown in the user's ledger")] = (
+        "admin grant"
+    ),
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Give a user credit."""
+    with logged_in_client() as client:
+        line = client.admin_grant(user, amount, memo=memo)
+    if output is OutputFormat.json:
+        print_json(line)
+        return
+    console().print(f"granted {line.amount} to {user} (ledger entry {line.id})", markup=False)
+
+
+@admin_app.command("users")
+def users(output: OutputOption = OutputFormat.table) -> None:
+    """All accounts on this server."""
+    with logged_in_client() as client:
+        found = client.admin_users()
+    if output is OutputFormat.json:
+        print_json(found)
+        return
+    result = table("ID", "NAME", "ROLE", "CREATED")
+    for u in found:
+        add_row(result, u.id, u.name, u.role, when(u.created_at))
+    show_table(result, empty="no users")

@@ -1,0 +1,208 @@
+"""Instance commands: create, list, show, stop, start, release; and waiting for one to start."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from gpulease.cli.connection import logged_in_client
+from gpulease.cli.output import (
+    OutputFormat,
+    OutputOption,
+    add_row,
+    console,
+    err_console,
+    fail,
+    note,
+    print_json,
+    show_fields,
+    show_table,
+    table,
+    when,
+)
+from gpulease.client import GpuleaseClient, InstanceRef
+from gpulease.server.schemas import InstancePublic
+
+# How often waiting commands poll an instance that is queued or starting.
+POLL_INTERVAL_S = 1.0
+WAITING = frozenset({"queued", "starting"})
+
+RefArgument = Annotated[str, typer.Argument(metavar="REF", help="instance id or name")]
+
+
+def gpu_text(instance: InstancePublic) -> str:
+    if instance.gpu_count == 0:
+        return instance.gpu_model
+    text = f"{instance.gpu_model}:{instance.gpu_count}"
+    return text + " (simulated)" if instance.simulated else text
+
+
+def status_text(instance: InstancePublic) -> str:
+    """'queued (position 2 in the queue)', 'starting: building environment', 'stopped: why'."""
+    text = instance.status
+    if instance.status == "queued" and instance.queue_position is not None:
+        text += f" (position {instance.queue_position} in the queue)"
+    detail = instance.status_message if instance.status in WAITING else instance.status_reason
+    if detail:
+        text += f": {detail}"
+    return text
+
+
+def wait_until_started(client: GpuleaseClient, ref: InstanceRef) -> InstancePublic:
+    """Poll while the instance is queued or starting, showing its progress on stderr;
+    returns it once it is running, or stopped, failed or released instead."""
+    instance = client.get_instance(ref)
+    if instance.status not in WAITING:
+        return instance
+    err = err_console()
+    line = f"instance {instance.name}: {status_text(instance)}"
+    # A terminal gets a spinner line; a log file gets each change once.
+    spinner = err.status(escape(line)) if err.is_terminal else None
+    if spinner is None:
+        note(line)
+    else:
+        spinner.start()
+    try:
+        while instance.status in WAITING:
+            time.sleep(POLL_INTERVAL_S)
+            instance = client.get_instance(ref)
+            new_line = f"instance {instance.name}: {status_text(instance)}"
+            if new_line != line:
+                line = new_line
+                if spinner is None:
+                    note(line)
+                else:
+                    spinner.update(escape(line))
+    finally:
+        if spinner is not None:
+            spinner.stop()
+    return instance
+
+
+instance_app = typer.Typer(
+    help="Rent GPUs: create, list, stop, start and release instances.", no_args_is_help=True
+)
+
+
+def _print_instance_line(instance: InstancePublic, verb: str = "") -> None:
+    """'instance 3 box created: queued (position 1 in the queue)' or 'instance 3 box: stopped'."""
+    head = f"instance {instance.id} [bold]{escape(instance.name)}[/bold]"
+    console().print(f"{head}{' ' + verb if verb else ''}: {escape(status_text(instance))}")
+
+
+@instance_app.command("create")
+def create(
+    gpu: Annotated[
+        str | None,
+        typer.Option("--gpu", help="MODEL:COUNT, e.g. A100-80GB:4; leave out for CPU only"),
+    ] = None,
+    template: Annotated[str, typer.Option("--template", help="see `gpulease templates`")] = (
+        "pytorch"
+    ),
+    name: Annotated[str | None, typer.Option("--name", help="lowercase letters, digits, -")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="wait until it is running")] = False,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Rent an instance. It is queued until its GPUs are free, then starts."""
+    with logged_in_client() as client:
+        instance = client.create_instance(gpu, template, name=name)
+        if output is OutputFormat.table:
+            _print_instance_line(instance, "created")
+        if wait:
+            instance = wait_until_started(client, instance.id)
+    if output is OutputFormat.json:
+        print_json(instance)
+    elif wait:
+        _print_instance_line(instance)
+    if wait and instance.status != "running":
+        fail(f"instance {instance.name} did not start: {status_text(instance)}")
+
+
+@instance_app.command("ls")
+def list_(
+    all_: Annotated[bool, typer.Option("--all", "-a", help="include released instances")] = False,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Your instances."""
+    with logged_in_client() as client:
+        found = client.list_instances(include_released=all_)
+    if output is OutputFormat.json:
+        print_json(found)
+        return
+    result = table("ID", "NAME", "STATUS", "GPU", "TEMPLATE", "NODE", "PRICE/H", "CREATED")
+    for i in found:
+        status = i.status
+        if i.status == "queued" and i.queue_position is not None:
+            status += f" (#{i.queue_position})"
+        add_row(
+            result,
+            i.id,
+            i.name,
+            status,
+            gpu_text(i),
+            i.template,
+            i.node,
+            i.hourly,
+            when(i.created_at),
+        )
+    show_table(result, empty="no instances; create one with `gpulease instance create --gpu T4:1`")
+
+
+@instance_app.command("show")
+def show(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
+    """One instance in detail."""
+    with logged_in_client() as client:
+        i = client.get_instance(ref)
+    if output is OutputFormat.json:
+        print_json(i)
+        return
+    show_fields(
+        [
+            ("id", i.id),
+            ("name", i.name),
+            ("status", status_text(i)),
+            ("desired", i.desired_state),
+            ("gpu", gpu_text(i)),
+            ("gpu indices", ", ".join(map(str, i.gpu_indices))),
+            ("template", i.template),
+            ("node", i.node),
+            ("price", f"{i.hourly}/h"),
+            ("created", when(i.created_at)),
+            ("started", when(i.started_at)),
+        ]
+    )
+
+
+@instance_app.command("stop")
+def stop(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
+    """Stop: the GPUs are freed and billing ends; the workspace is kept."""
+    _act(ref, "stop", output)
+
+
+@instance_app.command("start")
+def start(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
+    """Start a stopped instance again (it queues for its GPUs)."""
+    _act(ref, "start", output)
+
+
+@instance_app.command("release")
+def release(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
+    """Release for good: stop it and delete its workspace."""
+    _act(ref, "release", output)
+
+
+def _act(ref: str, action: str, output: OutputFormat) -> None:
+    with logged_in_client() as client:
+        if action == "stop":
+            instance = client.stop_instance(ref)
+        elif action == "start":
+            instance = client.start_instance(ref)
+        else:
+            instance = client.release_instance(ref)
+    if output is OutputFormat.json:
+        print_json(instance)
+    else:
+        _print_instance_line(instance)

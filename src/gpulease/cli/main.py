@@ -1,0 +1,57 @@
+"""The `gpulease` command: every command group, and one place that turns errors into messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from gpulease.cli import accounts, billing, catalog, instances, runs, server
+from gpulease.cli.output import fail
+from gpulease.client import ClientError
+from gpulease.core.errors import GpuleaseError, InvalidInput
+
+
+class _ReportingGroup(TyperGroup):
+    """Refusals become `error: <what the server said>` on stderr and exit 1 (2 for bad
+    input such as a malformed task file), never a traceback."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ClientError as exc:
+            fail(exc.message, 1)
+        except GpuleaseError as exc:
+            fail(exc.message, 2 if isinstance(exc, InvalidInput) else 1)
+
+
+app = typer.Typer(
+    name="gpulease",
+    cls=_ReportingGroup,
+    help="Rent GPUs on a gpulease server, run jobs on them, pay for what you use.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+app.command("server")(server.server)
+
+app.command("register")(accounts.register)
+app.command("login")(accounts.login)
+app.command("logout")(accounts.logout)
+app.command("whoami")(accounts.whoami)
+app.add_typer(accounts.token_app, name="token")
+
+app.command("gpus")(catalog.gpus)
+app.command("templates")(catalog.templates)
+app.command("nodes")(catalog.nodes)
+
+app.add_typer(instances.instance_app, name="instance")
+app.command("exec")(runs.exec_)
+app.command("run")(runs.run)
+app.command("logs")(runs.logs)
+app.command("runs")(runs.runs)
+
+app.command("balance")(billing.balance)
+app.command("usage")(billing.usage)
+app.add_typer(billing.admin_app, name="admin")

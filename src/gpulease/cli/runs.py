@@ -1,0 +1,336 @@
+"""Run commands: exec a command in an instance, run a task end to end, read logs, list runs."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpulease.cli.connection import logged_in_client
+from gpulease.cli.instances import RefArgument, status_text, wait_until_started
+from gpulease.cli.output import (
+    OutputFormat,
+    OutputOption,
+    add_row,
+    error,
+    fail,
+    note,
+    print_json,
+    show_table,
+    table,
+    when,
+)
+from gpulease.client import (
+    ClientError,
+    EndEvent,
+    GpuleaseClient,
+    LogEvent,
+    WorkdirArchive,
+    pack_workdir,
+)
+from gpulease.core.taskspec import TaskSpec, parse_task
+from gpulease.server.schemas import LogChunkPublic
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+EXIT_INTERRUPTED = 130
+
+EnvOption = Annotated[
+    list[str] | None,
+    typer.Option("--env", "-e", metavar="KEY=VALUE", help="an environment variable (repeatable)"),
+]
+CommandArgument = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="-- COMMAND...", help="the command; put it after --", show_default=False
+    ),
+]
+
+
+def parse_env(values: list[str] | None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.match(key):
+            raise typer.BadParameter(f"{item!r}: write it as KEY=VALUE, e.g. --env LR=0.01")
+        env[key] = value
+    return env
+
+
+def command_text(args: list[str]) -> str:
+    """One argument is a shell script as is (`-- 'a && b'`); several are quoted and joined."""
+    return args[0] if len(args) == 1 else shlex.join(args)
+
+
+def write_chunk(chunk: LogChunkPublic) -> None:
+    """The job's bytes as they are (no Rich, no ANSI stripping), on the stream it used."""
+    stream = sys.stderr if chunk.stream == "stderr" else sys.stdout
+    stream.write(chunk.data)
+    stream.flush()
+
+
+class _ReconnectNotice:
+    """Says that the log stream is reconnecting, at most every 30 s during an outage."""
+
+    def __init__(self) -> None:
+        self.last = -1e9
+
+    def __call__(self, reason: str, delay: float) -> None:
+        now = time.monotonic()
+        if now - self.last >= 30:
+            self.last = now
+            note(f"lost the log stream ({reason}); reconnecting, the job keeps running")
+
+
+def stream_run(client: GpuleaseClient, run_id: int, after: int = -1) -> EndEvent:
+    """Print the run's output live until it ends; survives server restarts."""
+    for event in client.follow_logs(run_id, after, on_reconnect=_ReconnectNotice()):
+        if isinstance(event, LogEvent):
+            write_chunk(event.chunk)
+        elif isinstance(event, EndEvent):
+            return event
+    raise ClientError(f"the log stream of run {run_id} ended without its end")  # not reached
+
+
+def exit_code_of(client: GpuleaseClient, run_id: int, end: EndEvent) -> int:
+    """The shell's view of the run: its exit code, 128+N for signal N, 1 when it failed
+    without one (its instance stopped, say), which is then explained on stderr."""
+    if end.exit_code is not None:
+        if end.exit_code < 0:
+            return 128 + min(-end.exit_code, 127)
+        return end.exit_code if end.exit_code <= 255 else 1
+    if end.status == "succeeded":
+        return 0
+    run = client.get_run(run_id)
+    why = f": {run.status_reason}" if run.status_reason else " without an exit code"
+    error(f"run {run_id} {run.status}{why}")
+    return 1
+
+
+def exec_(
+    ref: RefArgument,
+    command: CommandArgument,
+    env: EnvOption = None,
+) -> None:
+    """Run a command in an instance and stream its output; exits with its exit code.
+
+    gpulease exec my-box -- python train.py --epochs 3
+    """
+    variables = parse_env(env)
+    with logged_in_client() as client:
+        run = client.create_run(ref, command_text(command), variables)
+        note(f"run {run.id} on instance {ref}")
+        try:
+            end = stream_run(client, run.id)
+        except KeyboardInterrupt:
+            note(f"run {run.id} keeps running; follow it with `gpulease logs {run.id} -f`")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        code = exit_code_of(client, run.id, end)
+    raise typer.Exit(code)
+
+
+def instance_name_for(task_name: str | None) -> str | None:
+    """'Cat Breeds v2' -> 'cat-breeds-v2-3f9a': a valid instance name that does not clash."""
+    if not task_name:
+        return None
+    slug = re.sub(r"[^a-z0-9-]", "-", task_name.lower())
+    slug = re.sub(r"-{2,}", "-", slug).strip("-")[:50].rstrip("-") or "task"
+    if not slug[0].isalpha():
+        slug = f"task-{slug}"  # instance names start with a letter
+    return f"{slug}-{secrets.token_hex(2)}"
+
+
+def load_task(
+    args: list[str],
+    *,
+    gpu: str | None,
+    template: str | None,
+    env: dict[str, str],
+    workdir: Path | None,
+    name: str | None,
+) -> tuple[TaskSpec, Path | None]:
+    """The task to run and the directory to upload. A task file's workdir is relative to
+    the file; options on the command line override the file's values."""
+    if len(args) == 1 and args[0].endswith((".yaml", ".yml")):
+        path = Path(args[0])
+        if not path.is_file():
+            fail(f"task file {path} not found", 2)
+        spec = parse_task(path.read_text())
+        spec = replace(
+            spec,
+            name=name or spec.name,
+            accelerators=gpu or spec.accelerators,
+            template=template or spec.template,
+            envs={**spec.envs, **env},
+        )
+        directory = workdir
+        if directory is None and spec.workdir:
+            directory = path.parent / Path(spec.workdir).expanduser()
+        return spec, directory
+    if not args:
+        fail(
+            "give a task file or a command: `gpulease run task.yaml` or "
+            "`gpulease run --gpu T4:1 -- python train.py`",
+            2,
+        )
+    spec = TaskSpec(
+        name=name,
+        accelerators=gpu,
+        envs=env,
+        workdir=str(workdir) if workdir else None,
+        run=command_text(args),
+        template=template or "pytorch",
+    )
+    return spec, workdir
+
+
+def run(
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="TASK.yaml | -- COMMAND...",
+            help="a task file (SkyPilot-style YAML), or a command after --",
+            show_default=False,
+        ),
+    ] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="MODEL:COUNT, e.g. T4:1")] = None,
+    template: Annotated[str | None, typer.Option("--template", help="default: pytorch")] = None,
+    env: EnvOption = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="upload this directory into the workspace first"),
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="task name")] = None,
+) -> None:
+    """Rent an instance for one task: upload the workdir, run, stream the output, release.
+
+    gpulease run task.yaml
+    gpulease run --gpu T4:1 --workdir . -- python train.py
+    """
+    spec, directory = load_task(
+        args or [], gpu=gpu, template=template, env=parse_env(env), workdir=workdir, name=name
+    )
+    if spec.use_spot:
+        note("resources.use_spot: spot instances are not offered yet; running on demand")
+    archive = pack_workdir(directory) if directory is not None else None  # before renting
+    try:
+        with logged_in_client() as client:
+            raise typer.Exit(_run_task(client, spec, archive))
+    finally:
+        if archive is not None:
+            archive.close()
+
+
+def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | None) -> int:
+    instance = client.create_instance(
+        spec.accelerators,
+        spec.template,
+        name=instance_name_for(spec.name),
+        auto_release=True,
+        awaiting_workdir=archive is not None,
+    )
+    note(f"instance {instance.id} {instance.name}: {status_text(instance)}")
+    try:
+        try:
+            if archive is not None:
+                client.upload_workdir(instance.id, archive)
+                note(f"workdir uploaded ({archive.files} files, {archive.size:,} bytes)")
+            run = client.create_run(
+                instance.id, spec.script(), spec.envs, stop_instance_on_exit=True
+            )
+        except ClientError as exc:
+            explained = _explained(client, instance.id, exc)
+            _release(client, instance.id, instance.name)  # nothing would ever release it
+            raise explained from exc
+        instance = wait_until_started(client, instance.id)
+        if instance.status == "running":
+            note(f"instance {instance.name} is running; run {run.id}:")
+        end = stream_run(client, run.id)
+    except KeyboardInterrupt:
+        note(f"interrupted: releasing instance {instance.name}")
+        _release(client, instance.id, instance.name)
+        return EXIT_INTERRUPTED
+    return exit_code_of(client, run.id, end)
+
+
+def _explained(client: GpuleaseClient, instance_id: int, exc: ClientError) -> ClientError:
+    """A refusal because the instance failed already (its runner could not start, say) is
+    better told by the instance's own reason."""
+    try:
+        instance = client.get_instance(instance_id)
+    except ClientError:
+        return exc
+    if instance.status == "failed":
+        return ClientError(f"instance {instance.name} {status_text(instance)}")
+    return exc
+
+
+def _release(client: GpuleaseClient, instance_id: int, name: str) -> None:
+    try:
+        client.release_instance(instance_id)
+    except ClientError as exc:
+        error(
+            f"could not release instance {name}: {exc.message}; "
+            f"release it with `gpulease instance release {name}`"
+        )
+
+
+def logs(
+    run_id: Annotated[int, typer.Argument(metavar="RUN", help="run id (see `gpulease runs`)")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new output")] = (
+        False
+    ),
+) -> None:
+    """Print a run's output (stdout and stderr as the job wrote them)."""
+    with logged_in_client() as client:
+        if follow:
+            try:
+                stream_run(client, run_id)
+            except KeyboardInterrupt:
+                raise typer.Exit(EXIT_INTERRUPTED) from None
+            return
+        after = -1
+        while True:
+            page = client.read_logs(run_id, after, limit=5000)
+            for chunk in page.chunks:
+                write_chunk(chunk)
+            if not page.chunks:
+                return
+            after = page.next_after
+
+
+def runs(
+    instance: Annotated[
+        str | None, typer.Option("--instance", "-i", metavar="REF", help="only this instance's")
+    ] = None,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Your runs, newest first."""
+    with logged_in_client() as client:
+        instance_id = client.get_instance(instance).id if instance is not None else None
+        found = client.list_runs(instance_id=instance_id)
+        if output is OutputFormat.json:
+            print_json(found)
+            return
+        names = {i.id: i.name for i in client.list_instances(include_released=True)}
+    result = table("ID", "INSTANCE", "STATUS", "EXIT", "COMMAND", "CREATED", "FINISHED")
+    for r in found:
+        lines = r.command.strip().splitlines() or [""]
+        command = lines[0][:60] + ("…" if len(lines) > 1 or len(lines[0]) > 60 else "")
+        add_row(
+            result,
+            r.id,
+            names.get(r.instance_id, r.instance_id),
+            r.status,
+            r.exit_code,
+            command,
+            when(r.created_at),
+            when(r.finished_at),
+        )
+    show_table(result, empty="no runs yet")

@@ -1,0 +1,107 @@
+"""`gpulease server`: validate the settings, prepare the runtime, print a banner, serve."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Annotated, Any
+
+import typer
+import uvicorn
+from pydantic import ValidationError
+from rich.markup import escape
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from gpulease import __version__
+from gpulease.cli.output import console, fail
+from gpulease.core.errors import GpuleaseError
+from gpulease.server.app import create_app
+from gpulease.server.db import normalize_url, transaction
+from gpulease.server.orm import Node
+from gpulease.server.runtime import Runtime, build_runtime
+from gpulease.server.settings import Settings
+
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def settings_error_text(exc: ValidationError) -> str:
+    """Pydantic's errors in the words of the environment variables people set."""
+    parts = []
+    for error in exc.errors():
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        loc = [str(p) for p in error.get("loc", ())]
+        parts.append(f"GPULEASE_{loc[0].upper()}: {message}" if loc else message)
+    return "invalid settings: " + "; ".join(parts)
+
+
+def database_text(settings: Settings) -> str:
+    url = make_url(normalize_url(settings.db_url))
+    if url.get_backend_name() == "sqlite":
+        return f"SQLite {url.database}"
+    return f"PostgreSQL {url.render_as_string(hide_password=True)}"
+
+
+def node_gpus_text(rt: Runtime) -> str:
+    with transaction(rt.sessions) as session:
+        node = session.scalar(select(Node).where(Node.name == rt.node_name))
+        gpus = [g for g in node.gpus if g.present] if node is not None else []
+        counts = Counter(g.model or g.nvml_name for g in gpus)
+        simulated = sum(1 for g in gpus if g.simulated)
+    if not counts:
+        return f"{rt.node_name}: no GPUs (CPU-only instances)"
+    text = ", ".join(f"{n}× {model}" for model, n in sorted(counts.items()))
+    if simulated:
+        text += " (simulated)" if simulated == len(gpus) else f" ({simulated} simulated)"
+    return f"{rt.node_name}: {text}"
+
+
+def server(
+    host: Annotated[str | None, typer.Option("--host", help="default: GPULEASE_HOST")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="default: GPULEASE_PORT")] = None,
+) -> None:
+    """Run the gpulease server here (settings from GPULEASE_* environment variables)."""
+    overrides: dict[str, Any] = {}
+    if host is not None:
+        overrides["host"] = host
+    if port is not None:
+        overrides["port"] = port
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        fail(settings_error_text(exc), 2)
+    try:
+        rt = build_runtime(settings)
+    except GpuleaseError as exc:
+        fail(exc.message, 2)
+    except SQLAlchemyError as exc:
+        fail(f"cannot open the database ({database_text(settings)}): {exc.__cause__ or exc}")
+    except OSError as exc:
+        fail(f"cannot prepare the data directory {settings.home}: {exc}")
+    out = console()
+    out.print(f"[bold]gpulease server {__version__}[/bold]")
+    for key, value in (
+        ("url", f"http://{settings.host}:{settings.port}"),
+        ("data", str(settings.home)),
+        ("database", database_text(settings)),
+        ("node", node_gpus_text(rt)),
+    ):
+        out.print(f"  {key:<9} {escape(value)}", soft_wrap=True)
+    if rt.admin_password_generated:
+        out.print(
+            f"[bold yellow]first start:[/bold yellow] admin account "
+            f"[bold]{escape(settings.admin_name)}[/bold], password "
+            f"[bold]{escape(rt.admin_password_generated)}[/bold] (shown only this once)",
+            soft_wrap=True,
+        )
+    app = create_app(settings, runtime=rt)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        # Followers of live logs hold their stream open for as long as the run lasts; on
+        # shutdown, cut them after a moment (the SDK reconnects) rather than wait for the runs.
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )

@@ -1,0 +1,434 @@
+"""GpuleaseClient: typed methods over the server's REST API and its log event stream."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from decimal import Decimal
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from gpulease.client.config import normalize_server_url, resolve_login
+from gpulease.client.errors import ApiError, ClientError, NotLoggedIn, ServerUnreachable
+from gpulease.client.logstream import (
+    EndEvent,
+    LogEvent,
+    LogStreamEvent,
+    StatusEvent,
+    StreamProtocolError,
+    decode_event,
+    parse_sse,
+)
+from gpulease.client.workdir import WorkdirArchive, pack_workdir
+from gpulease.server.schemas import (
+    AuthResult,
+    Balance,
+    GpuModelPublic,
+    InstancePublic,
+    LedgerLine,
+    LogPage,
+    NodePublic,
+    NotificationPublic,
+    RunPublic,
+    TemplatePublic,
+    TokenCreated,
+    TokenPublic,
+    Usage,
+    UserPublic,
+)
+
+API_PREFIX = "/api/v1"
+# A proxy in front of a restarting server answers these; the log stream waits them out.
+RETRYABLE_STATUSES = frozenset({502, 503, 504})
+# The server sends a keep-alive comment on an idle stream every ~15 s.
+STREAM_READ_TIMEOUT_S = 60.0
+
+M = TypeVar("M", bound=BaseModel)
+InstanceRef = int | str
+"""An instance's id or its name."""
+ReconnectHook = Callable[[str, float], None]
+"""Called before each reconnect of a broken log stream with (why, seconds until the retry)."""
+
+
+def _path_part(ref: InstanceRef) -> str:
+    return quote(str(ref), safe="")
+
+
+def error_from_response(response: httpx.Response) -> ApiError:
+    """The ApiError for a 4xx/5xx answer: the server's `detail` text when it sent one."""
+    detail: str | None = None
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "detail" in body:
+        raw = body["detail"]
+        detail = raw if isinstance(raw, str) else json.dumps(raw)
+    if not detail:
+        status = f"{response.status_code} {response.reason_phrase}".strip()
+        if response.status_code >= 500:
+            detail = f"the server failed ({status}); the server's log has the cause"
+        else:
+            detail = f"the server refused the request ({status})"
+    return ApiError(response.status_code, detail)
+
+
+class _Retryable(Exception):
+    """A log stream answer worth waiting out (a proxy's 502 while the server restarts)."""
+
+
+class GpuleaseClient:
+    """One gpulease server, as one user (or anonymously, for register and login).
+
+    `http` lets tests hand in a Starlette TestClient (an httpx.Client) to run against the
+    ASGI app in process; the caller keeps owning it. Otherwise the client makes its own
+    httpx.Client (with `transport`, if given) and closes it in close().
+
+    Every refusal raises ApiError(status, the server's message); no answer at all raises
+    ServerUnreachable naming the URL.
+    """
+
+    def __init__(
+        self,
+        server_url: str,
+        token: str | None = None,
+        *,
+        http: httpx.Client | None = None,
+        transport: httpx.BaseTransport | None = None,
+        timeout: float = 30,
+    ) -> None:
+        if http is not None and transport is not None:
+            raise ValueError("pass either http or transport, not both")
+        self.server_url = normalize_server_url(server_url)
+        self.token = token
+        self.timeout = timeout
+        self._owns_http = http is None
+        self._http = http or httpx.Client(transport=transport, timeout=timeout)
+
+    @classmethod
+    def from_saved_login(cls, **kwargs: Any) -> GpuleaseClient:
+        """A client for the saved login (GPULEASE_SERVER / GPULEASE_TOKEN override it)."""
+        login = resolve_login()
+        if login.server is None:
+            raise NotLoggedIn("not logged in: run `gpulease login --server URL` first")
+        return cls(login.server, login.token, **kwargs)
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> GpuleaseClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _url(self, path: str) -> str:
+        return f"{self.server_url}{API_PREFIX}{path}"
+
+    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if extra:
+            headers.update(extra)
+        return headers
+
+    def _unreachable(self, exc: httpx.TransportError) -> ServerUnreachable:
+        if isinstance(exc, httpx.TimeoutException):
+            return ServerUnreachable(self.server_url, f"no answer within {self.timeout:g} s")
+        return ServerUnreachable(self.server_url, str(exc) or type(exc).__name__)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        params: Mapping[str, str | int] | None = None,
+        content: Iterator[bytes] | bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(
+                method,
+                self._url(path),
+                json=body,
+                params=params,
+                content=content,
+                headers=self._headers(headers),
+            )
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+        if response.is_error:
+            raise error_from_response(response)
+        return response
+
+    def _unexpected(self, path: str, exc: Exception) -> ClientError:
+        return ClientError(
+            f"unexpected answer from {self.server_url} to {path} ({exc}); "
+            "is it a gpulease server of a matching version?"
+        )
+
+    def _one(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
+        response = self._send(method, path, **kwargs)
+        try:
+            return model.model_validate(response.json())
+        except (ValidationError, ValueError) as exc:
+            raise self._unexpected(path, exc) from exc
+
+    def _many(self, model: type[M], path: str, **kwargs: Any) -> list[M]:
+        response = self._send("GET", path, **kwargs)
+        try:
+            data = response.json()
+            if not isinstance(data, list):
+                raise ValueError("expected a list")
+            return [model.model_validate(item) for item in data]
+        except (ValidationError, ValueError) as exc:
+            raise self._unexpected(path, exc) from exc
+
+    # -- accounts ---------------------------------------------------------------------------
+
+    def register(self, name: str, password: str, *, email: str | None = None) -> AuthResult:
+        """Create an account; the answer carries a token for it (the client starts using it)."""
+        body = {"name": name, "password": password, "email": email}
+        result = self._one(AuthResult, "POST", "/auth/register", body=body)
+        self.token = result.token
+        return result
+
+    def login(self, name: str, password: str, *, token_name: str = "cli login") -> AuthResult:
+        """Trade a password for a new token (the client starts using it)."""
+        body = {"name": name, "password": password, "token_name": token_name}
+        result = self._one(AuthResult, "POST", "/auth/login", body=body)
+        self.token = result.token
+        return result
+
+    def me(self) -> UserPublic:
+        return self._one(UserPublic, "GET", "/me")
+
+    def list_tokens(self) -> list[TokenPublic]:
+        return self._many(TokenPublic, "/tokens")
+
+    def create_token(self, name: str) -> TokenCreated:
+        """A new API token; its secret (`.token`) is shown this once only."""
+        return self._one(TokenCreated, "POST", "/tokens", body={"name": name})
+
+    def revoke_token(self, token_id: int) -> None:
+        self._send("DELETE", f"/tokens/{int(token_id)}")
+
+    # -- catalog ----------------------------------------------------------------------------
+
+    def gpus(self) -> list[GpuModelPublic]:
+        """The GPU catalog with prices and live free/total counts."""
+        return self._many(GpuModelPublic, "/gpus")
+
+    def templates(self) -> list[TemplatePublic]:
+        return self._many(TemplatePublic, "/templates")
+
+    def nodes(self) -> list[NodePublic]:
+        """Hosts and their GPUs (admins only)."""
+        return self._many(NodePublic, "/nodes")
+
+    # -- instances --------------------------------------------------------------------------
+
+    def create_instance(
+        self,
+        gpu: str | None = None,
+        template: str = "pytorch",
+        *,
+        name: str | None = None,
+        auto_release: bool = False,
+        awaiting_workdir: bool = False,
+    ) -> InstancePublic:
+        """Rent `gpu` ("A100-80GB:4"; None for CPU only). It starts queued; poll its status.
+        awaiting_workdir: an upload_workdir() follows; the server holds the instance in the
+        queue until it has the files."""
+        body = {
+            "gpu": gpu,
+            "template": template,
+            "name": name,
+            "auto_release": auto_release,
+            "awaiting_workdir": awaiting_workdir,
+        }
+        return self._one(InstancePublic, "POST", "/instances", body=body)
+
+    def list_instances(self, *, include_released: bool = False) -> list[InstancePublic]:
+        params = {"all": "true"} if include_released else None
+        return self._many(InstancePublic, "/instances", params=params)
+
+    def get_instance(self, ref: InstanceRef) -> InstancePublic:
+        return self._one(InstancePublic, "GET", f"/instances/{_path_part(ref)}")
+
+    def stop_instance(self, ref: InstanceRef) -> InstancePublic:
+        """Ask for a stop: billing ends once the runner has stopped; the workspace stays."""
+        return self._one(InstancePublic, "POST", f"/instances/{_path_part(ref)}/stop")
+
+    def start_instance(self, ref: InstanceRef) -> InstancePublic:
+        return self._one(InstancePublic, "POST", f"/instances/{_path_part(ref)}/start")
+
+    def release_instance(self, ref: InstanceRef) -> InstancePublic:
+        """Give the instance up for good: it stops and its workspace is deleted."""
+        return self._one(InstancePublic, "POST", f"/instances/{_path_part(ref)}/release")
+
+    def upload_workdir(self, ref: InstanceRef, source: Path | WorkdirArchive) -> int:
+        """Upload a directory (packed here, see pack_workdir) or an already packed archive
+        as the instance's workdir; returns the bytes sent."""
+        archive = source if isinstance(source, WorkdirArchive) else pack_workdir(source)
+        try:
+            self._send(
+                "PUT",
+                f"/instances/{_path_part(ref)}/workdir",
+                content=archive.chunks(),
+                headers={"Content-Type": "application/gzip", "Content-Length": str(archive.size)},
+            )
+        finally:
+            if archive is not source:
+                archive.close()
+        return archive.size
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        ref: InstanceRef,
+        command: str,
+        env: Mapping[str, str] | None = None,
+        *,
+        stop_instance_on_exit: bool = False,
+    ) -> RunPublic:
+        """Run `command` (a bash script) in the instance's workspace; it waits while the
+        instance is queued or starting."""
+        body = {
+            "command": command,
+            "env": dict(env or {}),
+            "stop_instance_on_exit": stop_instance_on_exit,
+        }
+        return self._one(RunPublic, "POST", f"/instances/{_path_part(ref)}/runs", body=body)
+
+    def list_runs(self, *, instance_id: int | None = None) -> list[RunPublic]:
+        """The newest runs first (at most 100)."""
+        params = {"instance_id": instance_id} if instance_id is not None else None
+        return self._many(RunPublic, "/runs", params=params)
+
+    def get_run(self, run_id: int) -> RunPublic:
+        return self._one(RunPublic, "GET", f"/runs/{int(run_id)}")
+
+    def read_logs(self, run_id: int, after: int = -1, limit: int = 1000) -> LogPage:
+        """One page of output: chunks with seq > after; pass `next_after` for the next page."""
+        params = {"after": after, "limit": limit}
+        return self._one(LogPage, "GET", f"/runs/{int(run_id)}/logs", params=params)
+
+    def follow_logs(
+        self,
+        run_id: int,
+        after: int = -1,
+        *,
+        give_up_after: float | None = 600.0,
+        retry_delay: float = 0.2,
+        max_retry_delay: float = 5.0,
+        on_reconnect: ReconnectHook | None = None,
+    ) -> Iterator[LogStreamEvent]:
+        """Live events of a run until its EndEvent: LogEvent per output chunk (seq > after),
+        StatusEvent per status change, then EndEvent.
+
+        A dropped connection (a server restart, a proxy timeout) is retried with backoff
+        from the last seq seen, so no chunk is lost or repeated; ServerUnreachable only
+        after `give_up_after` seconds without getting anything through (None: never).
+        """
+        last_seq = after
+        last_status: str | None = None
+        delay = retry_delay
+        failing_since: float | None = None
+        path = f"/runs/{int(run_id)}/logs/stream"
+        timeout = httpx.Timeout(self.timeout, read=STREAM_READ_TIMEOUT_S)
+        while True:
+            try:
+                with self._http.stream(
+                    "GET",
+                    self._url(path),
+                    params={"after": last_seq},
+                    headers=self._headers({"Accept": "text/event-stream"}),
+                    timeout=timeout,
+                ) as response:
+                    if response.is_error:
+                        response.read()
+                        error = error_from_response(response)
+                        if response.status_code in RETRYABLE_STATUSES:
+                            raise _Retryable(error.message)
+                        raise error
+                    for message in parse_sse(response.iter_lines()):
+                        event = decode_event(message)
+                        failing_since, delay = None, retry_delay
+                        if isinstance(event, LogEvent):
+                            if event.chunk.seq <= last_seq:
+                                continue  # already delivered before a reconnect
+                            last_seq = event.chunk.seq
+                        elif isinstance(event, StatusEvent):
+                            if event.run.status == last_status:
+                                continue
+                            last_status = event.run.status
+                        elif isinstance(event, EndEvent):
+                            yield event
+                            return
+                        else:
+                            continue
+                        yield event
+                reason = "the server ended the stream early"
+            except httpx.TransportError as exc:
+                reason = str(self._unreachable(exc).reason)
+            except _Retryable as exc:
+                reason = str(exc)
+            except StreamProtocolError as exc:
+                raise self._unexpected(path, exc) from exc
+            now = time.monotonic()
+            if failing_since is None:
+                failing_since = now
+            elif give_up_after is not None and now - failing_since > give_up_after:
+                raise ServerUnreachable(
+                    self.server_url,
+                    f"the log stream of run {run_id} broke ({reason}) and reconnecting "
+                    f"has failed for {give_up_after:g} s",
+                )
+            if on_reconnect is not None:
+                on_reconnect(reason, delay)
+            time.sleep(delay)
+            delay = min(max(delay * 2, retry_delay), max_retry_delay)
+
+    # -- billing ----------------------------------------------------------------------------
+
+    def balance(self) -> Balance:
+        return self._one(Balance, "GET", "/balance")
+
+    def usage(self) -> Usage:
+        """Usage segments (what was billed, per GPU interval) and the ledger lines."""
+        return self._one(Usage, "GET", "/usage")
+
+    def notifications(self) -> list[NotificationPublic]:
+        return self._many(NotificationPublic, "/notifications")
+
+    # -- admin ------------------------------------------------------------------------------
+
+    def admin_users(self) -> list[UserPublic]:
+        return self._many(UserPublic, "/admin/users")
+
+    def admin_grant(
+        self, user: str, amount: str | Decimal, *, memo: str = "admin grant"
+    ) -> LedgerLine:
+        """Give `user` credit; `amount` is a decimal string ("25.00"), never a float."""
+        if isinstance(amount, float):
+            raise TypeError("amounts are decimal strings like '25.00', never floats")
+        body = {"user": user, "amount": str(amount), "memo": memo}
+        return self._one(LedgerLine, "POST", "/admin/grants", body=body)

@@ -1,0 +1,119 @@
+"""CLI balance, usage and admin commands; and `gpulease server` start-up without serving."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+from wired_cli import Cli
+
+from gpulease.cli.main import app
+
+
+def test_balance_and_usage(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    balance = cli("balance")
+    assert "$10.0000 USD" in balance.stdout
+    assert json.loads(cli("balance", "-o", "json").stdout)["balance_micro"] == 10_000_000
+
+    ann.create_instance("T4:1", name="box")
+    cli.server.cluster.start()
+    cli.server.cluster.wait_for(lambda: ann.get_instance("box").status == "running")
+    ann.stop_instance("box")
+    cli.server.cluster.wait_for(lambda: ann.get_instance("box").status == "stopped")
+    usage = cli("usage")
+    assert usage.exit_code == 0
+    assert "T4:1" in usage.stdout and "sign-up credit" in usage.stdout
+    data = json.loads(cli("usage", "-o", "json").stdout)
+    assert len(data["segments"]) == 1 and data["ledger"][-1]["kind"] == "signup_credit"
+
+
+def test_admin_grant_and_users(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    refused = cli("admin", "users")
+    assert refused.exit_code == 1 and "admin" in refused.stderr
+
+    cli.login_as_admin()
+    granted = cli("admin", "grant", "ann", "25.00", "--memo", "course credit")
+    assert granted.exit_code == 0, granted.output
+    assert "granted $25.0000 to ann" in granted.stdout
+    assert ann.balance().balance_micro == 35_000_000
+    assert ann.usage().ledger[0].memo == "course credit (by admin)"
+    line = json.loads(cli("admin", "grant", "ann", "0.5", "-o", "json").stdout)
+    assert line["amount_micro"] == 500_000
+
+    bad = cli("admin", "grant", "ann", "lots")
+    assert bad.exit_code == 1 and "not an amount" in bad.stderr
+    nobody = cli("admin", "grant", "nobody", "1")
+    assert nobody.exit_code == 1 and bad.stderr.startswith("error: ")
+    users = cli("admin", "users")
+    assert "ann" in users.stdout and "admin" in users.stdout
+    names = {u["name"] for u in json.loads(cli("admin", "users", "-o", "json").stdout)}
+    assert names == {"admin", "ann", "bob"}
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, Any]]:
+    """Keep `gpulease server` from serving: record what it would hand uvicorn."""
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
+    for name in ("ADMIN_PASSWORD", "DATABASE_URL", "HOST", "PORT", "ENVIRONMENT"):
+        monkeypatch.delenv(f"GPULEASE_{name}", raising=False)
+    monkeypatch.setenv("GPULEASE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPULEASE_SIMULATED_GPUS", "A100-80GB:2")
+    monkeypatch.setenv("GPULEASE_NODE_NAME", "box")
+    monkeypatch.setenv("COLUMNS", "200")
+    return calls
+
+
+def test_server_prints_a_banner_and_the_first_admin_password_once(
+    served: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    first = CliRunner().invoke(app, ["server", "--port", "9123"])
+    assert first.exit_code == 0, first.output
+    assert "http://127.0.0.1:9123" in first.stdout
+    assert str(tmp_path / "home") in first.stdout
+    assert "SQLite" in first.stdout
+    assert "box: 2× A100-80GB (simulated)" in first.stdout
+    assert "password" in first.stdout
+    assert served == [
+        {
+            "host": "127.0.0.1",
+            "port": 9123,
+            "log_level": "warning",
+            "access_log": False,
+            "timeout_graceful_shutdown": 5,
+        }
+    ]
+
+    again = CliRunner().invoke(app, ["server", "--host", "0.0.0.0"])
+    assert again.exit_code == 0
+    assert "password" not in again.stdout
+    assert served[-1]["host"] == "0.0.0.0" and served[-1]["port"] == 8420
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"GPULEASE_PORT": "eighty"}, "GPULEASE_PORT"),
+        (
+            {"GPULEASE_ENVIRONMENT": "production", "GPULEASE_ADMIN_PASSWORD": "admin"},
+            "GPULEASE_ADMIN_PASSWORD is weak",
+        ),
+    ],
+)
+def test_server_refuses_invalid_settings_without_a_traceback(
+    served: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    result = CliRunner().invoke(app, ["server"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: invalid settings")
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+    assert served == []

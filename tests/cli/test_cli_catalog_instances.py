@@ -1,0 +1,89 @@
+"""CLI catalog and instance commands: tables for people, JSON for scripts, refusals as errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from wired_cli import Cli
+
+
+def test_gpus_table_marks_simulated_counts_and_json_is_the_api_answer(cli: Cli) -> None:
+    cli.login_as("ann")
+    table = cli("gpus")
+    assert table.exit_code == 0
+    a100 = next(line for line in table.stdout.splitlines() if "A100-80GB" in line)
+    assert "2/2 (simulated)" in a100 and "80 GB" in a100 and "$" in a100
+    models = {m["name"]: m for m in json.loads(cli("gpus", "-o", "json").stdout)}
+    assert (models["T4"]["free"], models["T4"]["total"], models["T4"]["simulated"]) == (1, 1, 1)
+
+
+def test_templates_and_admin_only_nodes(cli: Cli) -> None:
+    cli.login_as("ann")
+    assert "pytorch" in cli("templates").stdout
+    assert [t["name"] for t in json.loads(cli("templates", "-o", "json").stdout)]
+    refused = cli("nodes")
+    assert refused.exit_code == 1 and refused.stderr == "error: this needs an admin account\n"
+
+    cli.login_as_admin()
+    nodes = cli("nodes")
+    assert "test-node" in nodes.stdout and "(simulated)" in nodes.stdout
+    (node,) = json.loads(cli("nodes", "-o", "json").stdout)
+    assert len(node["gpus"]) == 3
+
+
+def test_instance_create_list_show_stop_start_release(cli: Cli) -> None:
+    cli.login_as("ann")
+    created = cli("instance", "create", "--gpu", "T4:1", "--name", "box")
+    assert created.exit_code == 0, created.output
+    assert "box" in created.stdout and "queued (position 1 in the queue)" in created.stdout
+
+    listed = cli("instance", "ls")
+    assert "box" in listed.stdout and "queued (#1)" in listed.stdout
+    (row,) = json.loads(cli("instance", "ls", "-o", "json").stdout)
+    assert (row["name"], row["gpu_model"], row["gpu_count"]) == ("box", "T4", 1)
+
+    shown = cli("instance", "show", str(row["id"]))
+    assert "T4:1" in shown.stdout and "pytorch" in shown.stdout
+    assert json.loads(cli("instance", "show", "box", "-o", "json").stdout)["id"] == row["id"]
+
+    assert "stopped" in cli("instance", "stop", "box").stdout
+    assert "queued" in cli("instance", "start", "box").stdout
+    released = json.loads(cli("instance", "release", "box", "-o", "json").stdout)
+    assert released["status"] == "released"
+    assert "no instances" in cli("instance", "ls").stderr
+    assert len(json.loads(cli("instance", "ls", "--all", "-o", "json").stdout)) == 1
+
+
+def test_instance_refusals_print_the_server_message(cli: Cli) -> None:
+    cli.login_as("ann")
+    missing = cli("instance", "show", "nope")
+    assert missing.exit_code == 1
+    assert missing.stderr.startswith("error: you have no instance 'nope'")
+    too_big = cli("instance", "create", "--gpu", "A100-80GB:3")
+    assert too_big.exit_code == 1 and "does not fit on any node" in too_big.stderr
+    bad_count = cli("instance", "create", "--gpu", "T4:0")
+    assert bad_count.exit_code == 1 and "at least 1" in bad_count.stderr
+
+
+def test_instance_create_wait_polls_until_running(cli: Cli) -> None:
+    cli.login_as("ann")
+    later = threading.Timer(0.3, cli.server.cluster.start)  # the CLI sees it queued first
+    later.start()
+    try:
+        created = cli("instance", "create", "--gpu", "A100-80GB:2", "--name", "big", "--wait")
+    finally:
+        later.join()
+    assert created.exit_code == 0, created.output
+    assert "big: running" in created.stdout
+    assert "instance big: queued" in created.stderr  # progress, once per change, on stderr
+
+
+def test_instance_create_wait_fails_when_it_cannot_start(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    cli.server.backend.start_error = RuntimeError("no runner binary")
+    cli.server.cluster.start()
+    created = cli("instance", "create", "--gpu", "T4:1", "--name", "box", "--wait")
+    assert created.exit_code == 1
+    assert "did not start" in created.stderr and "no runner binary" in created.stderr
+    assert ann.get_instance("box").status == "failed"

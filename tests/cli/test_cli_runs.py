@@ -1,0 +1,190 @@
+"""CLI exec, run, logs and runs: output streamed as the job wrote it, exit codes passed on."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from inprocess import tar_members
+from wired_cli import Cli
+
+from gpulease.cli import instances
+
+
+def test_exec_streams_stdout_and_stderr_and_exits_with_the_code(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    ann.create_instance("T4:1", name="box")
+    cli.server.cluster.job = lambda run: ([("stdout", "out 1\n"), ("stderr", "err 1\n")], 3)
+    cli.server.cluster.start()
+    result = cli("exec", "box", "--env", "LR=0.1", "--", "python", "train.py", "--note", "a b")
+    assert result.exit_code == 3
+    assert result.stdout == "out 1\n"
+    assert "err 1\n" in result.stderr
+    (run,) = cli.server.cluster.runs
+    assert run["command"] == "python train.py --note 'a b'"
+    assert run["env"] == {"LR": "0.1"}
+
+
+def test_exec_passes_one_argument_as_a_shell_script(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    ann.create_instance("T4:1", name="box")
+    cli.server.cluster.start()
+    result = cli("exec", "box", "--", "cd data && ls | wc -l")
+    assert result.exit_code == 0
+    assert cli.server.cluster.runs[0]["command"] == "cd data && ls | wc -l"
+    assert result.stdout == "running: cd data && ls | wc -l\n"
+
+
+def test_exec_refusals(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    ann.create_instance("T4:1", name="box")
+    ann.stop_instance("box")
+    stopped = cli("exec", "box", "--", "true")
+    assert stopped.exit_code == 1 and "start it first" in stopped.stderr
+    bad_env = cli("exec", "box", "--env", "NOEQUALS", "--", "true")
+    assert bad_env.exit_code == 2 and "KEY=VALUE" in bad_env.stderr
+
+
+def test_exec_exits_1_and_says_why_when_the_instance_goes_away(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    ann.create_instance("T4:1", name="box")
+    cli.server.cluster.hold = True  # the runner never gets ready: the run stays pending
+    cli.server.cluster.start()
+
+    def stop_once_the_run_is_queued() -> None:
+        cli.server.cluster.wait_for(lambda: bool(ann.list_runs()))
+        ann.stop_instance("box")
+
+    stopper = threading.Thread(target=stop_once_the_run_is_queued)
+    stopper.start()
+    try:
+        result = cli("exec", "box", "--", "sleep 100")
+    finally:
+        stopper.join()
+    assert result.exit_code == 1
+    assert re.search(r"error: run \d+ failed: stopped by its owner", result.stderr)
+
+
+def task_dir(tmp_path: Path) -> Path:
+    project = tmp_path / "project"
+    (project / "code" / ".git").mkdir(parents=True)
+    (project / "code" / "train.py").write_text("print('training')\n")
+    (project / "code" / ".git" / "config").write_text("x")
+    (project / "task.yaml").write_text(
+        "name: Cat Breeds_v2!\n"
+        "workdir: code\n"
+        "resources:\n  accelerators: {T4: 1}\n"
+        "envs:\n  EPOCHS: 3\n"
+        "setup: pip list\n"
+        "run: python train.py\n"
+    )
+    return project
+
+
+def test_run_task_file_uploads_runs_streams_and_releases(cli: Cli, tmp_path: Path) -> None:
+    ann = cli.login_as("ann")
+    project = task_dir(tmp_path)
+    cli.server.cluster.job = lambda run: ([("stdout", "epoch 1\n"), ("stdout", "done\n")], 0)
+    cli.server.cluster.start()
+    result = cli("run", str(project / "task.yaml"), "--env", "LR=0.5")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "epoch 1\ndone\n"
+
+    (instance,) = ann.list_instances(include_released=True)
+    assert re.fullmatch(r"cat-breeds-v2-[0-9a-f]{4}", instance.name)
+    assert (instance.gpu_model, instance.gpu_count) == ("T4", 1)
+    (run,) = cli.server.cluster.runs
+    assert run["command"] == "set -e\npip list\nset +e\npython train.py"
+    assert run["env"] == {"EPOCHS": "3", "LR": "0.5"}
+    members = tar_members(cli.server.cluster.workdirs[instance.id] or b"")
+    assert members == {"train.py": b"print('training')\n"}
+    # the run stopped its instance, and auto-release gives it back
+    cli.server.cluster.wait_for(lambda: ann.get_instance(instance.id).status == "released")
+
+
+def test_run_command_form_without_workdir_and_exit_code(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    cli.server.cluster.job = lambda run: ([("stderr", "boom\n")], 7)
+    cli.server.cluster.start()
+    result = cli("run", "--gpu", "A100-80GB:1", "--env", "K=V", "--", "python", "-c", "x = 1")
+    assert result.exit_code == 7
+    assert "boom\n" in result.stderr
+    (run,) = cli.server.cluster.runs
+    assert (run["command"], run["env"]) == ("python -c 'x = 1'", {"K": "V"})
+    (instance,) = ann.list_instances(include_released=True)
+    assert cli.server.cluster.workdirs[instance.id] is None  # nothing uploaded
+    assert instance.gpu_model == "A100-80GB"
+
+
+def test_run_with_workdir_option(cli: Cli, tmp_path: Path) -> None:
+    cli.login_as("ann")
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "a.py").write_text("1")
+    cli.server.cluster.start()
+    result = cli("run", "--gpu", "T4:1", "--workdir", str(tmp_path / "w"), "--", "python a.py")
+    assert result.exit_code == 0, result.output
+    (data,) = cli.server.cluster.workdirs.values()
+    assert tar_members(data or b"") == {"a.py": b"1"}
+
+
+def test_run_refuses_bad_tasks_before_renting_anything(cli: Cli, tmp_path: Path) -> None:
+    ann = cli.login_as("ann")
+    (tmp_path / "bad.yaml").write_text("run: x\nresources: {gpus: 2}\n")
+    bad = cli("run", str(tmp_path / "bad.yaml"))
+    assert bad.exit_code == 2 and "unknown resources field" in bad.stderr
+    missing = cli("run", str(tmp_path / "missing.yaml"))
+    assert missing.exit_code == 2 and "not found" in missing.stderr
+    nothing = cli("run")
+    assert nothing.exit_code == 2 and "gpulease run task.yaml" in nothing.stderr
+    (tmp_path / "t.yaml").write_text("run: x\nworkdir: nope\n")
+    no_workdir = cli("run", str(tmp_path / "t.yaml"))
+    assert no_workdir.exit_code == 1 and "does not exist" in no_workdir.stderr
+    assert ann.list_instances(include_released=True) == []
+
+
+def test_run_interrupted_releases_its_instance(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    ann = cli.login_as("ann")
+    cli.server.cluster.hold = True  # stays `starting`, so the CLI is waiting when ^C comes
+
+    def interrupt(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(instances, "time", SimpleNamespace(sleep=interrupt))
+    cli.server.cluster.start()
+    result = cli("run", "--gpu", "T4:1", "--", "sleep 1000")
+    assert result.exit_code == 130
+    assert "releasing instance" in result.stderr
+    (instance,) = ann.list_instances(include_released=True)
+    assert instance.desired_state == "released"
+    cli.server.cluster.wait_for(lambda: ann.get_instance(instance.id).status == "released")
+
+
+def test_run_on_an_instance_that_fails_to_start(cli: Cli) -> None:
+    cli.login_as("ann")
+    cli.server.backend.start_error = RuntimeError("no runner binary")
+    cli.server.cluster.start()
+    result = cli("run", "--gpu", "T4:1", "--", "true")
+    assert result.exit_code == 1
+    assert "no runner binary" in result.stderr
+
+
+def test_logs_pages_follow_and_runs_listing(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    instance = ann.create_instance("T4:1", name="box")
+    cli.server.cluster.job = lambda run: ([("stdout", f"line {i}\n") for i in range(3)], 0)
+    run = ann.create_run("box", "python train.py\necho second line")
+    cli.server.cluster.start()
+    followed = cli("logs", str(run.id), "-f")
+    assert followed.exit_code == 0 and followed.stdout == "line 0\nline 1\nline 2\n"
+    assert cli("logs", str(run.id)).stdout == "line 0\nline 1\nline 2\n"
+
+    listed = cli("runs", "--instance", "box")
+    assert "box" in listed.stdout and "python train.py…" in listed.stdout
+    (row,) = json.loads(cli("runs", "--instance", str(instance.id), "-o", "json").stdout)
+    assert (row["id"], row["status"], row["exit_code"]) == (run.id, "succeeded", 0)
+    missing = cli("logs", "999")
+    assert missing.exit_code == 1 and "no run 999" in missing.stderr

@@ -1,0 +1,129 @@
+"""End to end, as a renter does it: real server, CLI, runner and PyTorch training."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpulease.core.money import cost_for_seconds
+from processes import REPO, Platform
+
+pytestmark = pytest.mark.e2e
+
+
+def _register(platform: Platform, name: str = "ann") -> None:
+    platform.cli("register", "--server", platform.url, "--name", name, "--password", "password-123")
+
+
+def _digits_task(tmp_path: Path, epochs: int = 4) -> Path:
+    task = tmp_path / "digits"
+    shutil.copytree(
+        REPO / "examples" / "digits", task, ignore=shutil.ignore_patterns("data", "*.pt")
+    )
+    subprocess.run(
+        [sys.executable, str(task / "make_dataset.py"), "--out", str(task / "data")],
+        check=True,
+        capture_output=True,
+    )
+    (task / "task.yaml").write_text(
+        (task / "task.yaml").read_text().replace("EPOCHS: 5", f"EPOCHS: {epochs}")
+    )
+    return task
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_train_a_cnn_through_gpulease_run(platform: Platform, tmp_path: Path) -> None:
+    _register(platform)
+    task = _digits_task(tmp_path)
+    before: Any = platform.cli_json("balance")
+    started = time.monotonic()
+    result = platform.cli("run", str(task / "task.yaml"))
+    wall = time.monotonic() - started
+
+    epochs = [
+        (float(m["loss"]), float(m["elapsed"]))
+        for m in re.finditer(
+            r"epoch=\d+ loss=(?P<loss>[\d.]+) .* elapsed=(?P<elapsed>[\d.]+)", result.stdout
+        )
+    ]
+    assert len(epochs) == 4, result.stdout
+    losses = [loss for loss, _ in epochs]
+    assert losses[-1] < losses[0] * 0.5, f"the loss did not go down: {losses}"
+    assert "train_images=1438" in result.stdout
+    assert "saved=model.pt" in result.stdout
+
+    # the one-shot instance is released and its GPU is free again
+    (instance,) = platform.cli_json("instance", "ls", "--all")  # type: ignore[misc]
+    assert instance["status"] == "released"
+    gpus = {g["name"]: g for g in platform.cli_json("gpus")}  # type: ignore[union-attr]
+    assert gpus["T4"]["free"] == 1
+
+    # billed for the seconds it held the GPU, to within one second's price
+    usage: Any = platform.cli_json("usage")
+    (segment,) = usage["segments"]
+    held = (_time(segment["ended_at"]) - _time(segment["started_at"])).total_seconds()
+    assert segment["billed_seconds"] == int(held)
+    rate = segment["hourly_micro"]
+    assert rate == 250_000
+    assert segment["charged_micro"] == cost_for_seconds(rate, segment["billed_seconds"])
+    assert abs(segment["charged_micro"] - rate * held / 3600) <= rate / 3600
+    # independent bounds: it held the GPU at least while training, at most while the CLI ran
+    assert epochs[-1][1] <= held <= wall
+    after: Any = platform.cli_json("balance")
+    assert before["balance_micro"] - after["balance_micro"] == segment["charged_micro"]
+    charged = -sum(line["amount_micro"] for line in usage["ledger"] if line["kind"] == "usage")
+    assert charged == segment["charged_micro"]
+
+
+def test_failing_command_exit_code_reaches_the_cli(platform: Platform) -> None:
+    _register(platform)
+    result = platform.cli(
+        "run",
+        "--gpu",
+        "A100-80GB:1",
+        "--template",
+        "python",
+        "--",
+        "echo gpus=$CUDA_VISIBLE_DEVICES; exit 7",
+        check=False,
+    )
+    assert result.returncode == 7, result.stderr
+    # simulated GPUs expose no real device to the job
+    assert "gpus=\n" in result.stdout or result.stdout.strip().endswith("gpus=")
+
+
+def test_exec_stop_start_keeps_the_workspace(platform: Platform) -> None:
+    _register(platform)
+    platform.cli(
+        "instance", "create", "--gpu", "T4:1", "--template", "python", "--name", "box", "--wait"
+    )
+    platform.cli("exec", "box", "--", "echo kept > note.txt")
+    platform.cli("instance", "stop", "box")
+    _wait_status(platform, "box", "stopped")
+    platform.cli("instance", "start", "box")
+    _wait_status(platform, "box", "running")
+    assert platform.cli("exec", "box", "--", "cat note.txt").stdout.strip() == "kept"
+    platform.cli("instance", "release", "box")
+    _wait_status(platform, "box", "released")
+
+
+def _wait_status(platform: Platform, ref: str, status: str, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    got: Any = {}
+    while time.monotonic() < deadline:
+        got = platform.cli_json("instance", "show", ref)
+        if got["status"] == status:
+            return dict(got)
+        time.sleep(0.3)
+    raise AssertionError(f"instance {ref} is {got.get('status')}, not {status}: {got}")

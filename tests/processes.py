@@ -1,0 +1,138 @@
+"""Real processes for whole-system tests and benchmarks: a `gpulease server`, the CLI, runners.
+
+The template environments are cached under .cache/envs in the repository (ignored by git)
+so that the PyTorch venv is built once per checkout, not once per test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+ENV_CACHE = REPO / ".cache" / "envs"
+BIN = Path(sys.executable).parent
+ADMIN_PASSWORD = "admin-password-1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Platform:
+    """One server (restartable) on one data directory, and a CLI logged in to it."""
+
+    home: Path
+    database_url: str
+    port: int
+    simulated: str
+    log_path: Path
+    config: Path
+    proc: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEASE_")}
+        env.update(
+            GPULEASE_HOME=str(self.home),
+            GPULEASE_DATABASE_URL=self.database_url,
+            GPULEASE_PORT=str(self.port),
+            GPULEASE_SIMULATED_GPUS=self.simulated,
+            GPULEASE_ADMIN_PASSWORD=ADMIN_PASSWORD,
+            GPULEASE_ENV_CACHE=str(ENV_CACHE),
+            GPULEASE_CONFIG=str(self.config),
+            GPULEASE_TICK_INTERVAL_S="0.5",
+            GPULEASE_HEARTBEAT_INTERVAL_S="1",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.extra_env)
+        return env
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                [str(BIN / "gpulease"), "server", "--port", str(self.port)],
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server did not come up: {self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hooks, as in a crash."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def cli(
+        self, *args: str, check: bool = True, timeout: float = 600, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(BIN / "gpulease"), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"gpulease {' '.join(args)} exited {result.returncode}\n"
+                f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
+            )
+        return result
+
+    def cli_json(self, *args: str) -> object:
+        return json.loads(self.cli(*args, "-o", "json").stdout)
+
+    def popen_cli(self, *args: str, stderr_path: Path) -> subprocess.Popen[str]:
+        """The CLI in the background, stdout piped. Read it with .stdout.readline() and
+        .stdout.read() only: communicate() would skip what readline() already buffered."""
+        with stderr_path.open("w") as err:
+            return subprocess.Popen(
+                [str(BIN / "gpulease"), *args],
+                env=self.env(),
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+
+    def kill_runners(self, sig: str = "TERM") -> None:
+        """Signal every runner of this platform. TERM (cleanup) takes the runner's own stop
+        path, which ends its jobs; KILL plays a runner crash."""
+        subprocess.run(["pkill", f"-{sig}", "-f", f"{self.home}/runners/"], check=False)
