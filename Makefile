@@ -42,6 +42,8 @@ pytest:
 
 bench: setup-dev
 	$(BIN)/python benchmarks/launch_latency.py
+	$(BIN)/python benchmarks/dataset_push.py
+	$(BIN)/python benchmarks/billing_tick.py
 
 clean:
 	rm -rf $(VENV) .cache test-artifacts .pytest_cache .mypy_cache .ruff_cache

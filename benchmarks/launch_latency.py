@@ -131,7 +131,7 @@ def main() -> None:
                 run_s = measure(progress, "gpulease run", args.n, one_run)
         finally:
             platform.stop()
-            platform.kill_runners()
+            platform.end_runners()
 
     base = statistics.median(baseline)
     table = Table(title=f"launch latency, median of {args.n} (this host, SQLite, local backend)")

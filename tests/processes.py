@@ -42,10 +42,11 @@ class Platform:
     config: Path
     proc: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    tls: bool = False  # HTTPS with the server's self-signed certificate
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEASE_")}
@@ -61,6 +62,8 @@ class Platform:
             GPULEASE_HEARTBEAT_INTERVAL_S="1",
             PYTHONUNBUFFERED="1",
         )
+        if self.tls:
+            env["GPULEASE_TLS_SELF_SIGNED"] = "true"
         env.update(self.extra_env)
         return env
 
@@ -77,11 +80,15 @@ class Platform:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                # The test's own probe; the CLI and runners verify the certificate.
+                healthz = httpx.get(f"{self.url}/healthz", timeout=1, verify=not self.tls)
+                if healthz.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
+        self.proc.kill()  # never leave a half-started server behind
+        self.proc.wait(10)
         raise RuntimeError(f"server did not come up: {self.log_path.read_text()[-3000:]}")
 
     def kill(self) -> None:
@@ -136,3 +143,16 @@ class Platform:
         """Signal every runner of this platform. TERM (cleanup) takes the runner's own stop
         path, which ends its jobs; KILL plays a runner crash."""
         subprocess.run(["pkill", f"-{sig}", "-f", f"{self.home}/runners/"], check=False)
+
+    def end_runners(self, grace: float = 5.0) -> None:
+        """After a test: ask every runner to stop, and kill those still there after grace
+        (with no server to report to, a stopping runner would wait for one)."""
+        self.kill_runners("TERM")
+        deadline = time.monotonic() + grace
+        pattern = f"{self.home}/runners/"
+        while time.monotonic() < deadline:
+            alive = subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
+            if not alive:
+                return
+            time.sleep(0.2)
+        self.kill_runners("KILL")

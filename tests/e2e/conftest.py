@@ -26,4 +26,4 @@ def platform(tmp_path: Path, database_url: str) -> Iterator[Platform]:
         yield p
     finally:
         p.stop()
-        p.kill_runners()
+        p.end_runners()

@@ -73,6 +73,8 @@ class FakeServer:
             if not pending:
                 await asyncio.sleep(0.2)
             return JSONResponse({"runs": pending})
+        if path == "datasets":  # mounts none (runner/datasets.py has its own tests)
+            return JSONResponse({"datasets": []})
         if path == "workdir":
             if self.workdir is None:
                 return Response(status_code=204)

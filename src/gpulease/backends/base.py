@@ -29,6 +29,15 @@ class RunnerSpec:
     gpu_uuids: tuple[str, ...] = ()
     heartbeat_interval_s: float = 2.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Run every job in the bubblewrap sandbox (runner/sandbox.py). False only on a server
+    # started with GPULEASE_UNSANDBOXED_SINGLE_USER=true.
+    sandbox: bool = False
+    # PEM of the certificate the runner trusts for an https server_url, exactly it (the
+    # server's self-signed one); None: the usual CA verification.
+    server_certificate: str | None = None
+    # Where dataset versions are materialised on the node (runner/datasets.py), shared by
+    # the node's instances; None: beside run_dir's parent, in ../datasets.
+    dataset_cache: Path | None = None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -44,6 +53,9 @@ class RunnerSpec:
                 "gpu_uuids": list(self.gpu_uuids),
                 "heartbeat_interval_s": self.heartbeat_interval_s,
                 "extra_env": self.extra_env,
+                "sandbox": self.sandbox,
+                "server_certificate": self.server_certificate,
+                "dataset_cache": str(self.dataset_cache) if self.dataset_cache else None,
             }
         )
 
@@ -62,6 +74,9 @@ class RunnerSpec:
             gpu_uuids=tuple(str(u) for u in data.get("gpu_uuids", [])),
             heartbeat_interval_s=float(data.get("heartbeat_interval_s", 2.0)),
             extra_env={str(k): str(v) for k, v in data.get("extra_env", {}).items()},
+            sandbox=bool(data.get("sandbox", False)),
+            server_certificate=data.get("server_certificate"),
+            dataset_cache=Path(data["dataset_cache"]) if data.get("dataset_cache") else None,
         )
 
 

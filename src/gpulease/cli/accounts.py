@@ -22,6 +22,7 @@ from gpulease.cli.output import (
     table,
     when,
 )
+from gpulease.cli.trust import ReplaceOption, YesOption, confirm_server_certificate
 from gpulease.client import ClientError, Login, config_path, save_login
 from gpulease.client.config import TOKEN_ENV, forget_token, normalize_server_url
 
@@ -60,9 +61,12 @@ def register(
     ],
     server: ServerOption = None,
     email: Annotated[str | None, typer.Option("--email")] = None,
+    yes: YesOption = False,
+    replace_certificate: ReplaceOption = False,
 ) -> None:
     """Create an account on a server and stay logged in to it."""
     url = _server_url(server)
+    confirm_server_certificate(url, yes=yes, replace=replace_certificate)
     with connection.open_client(url, None) as client:
         result = client.register(name, password, email=email)
     path = save_login(Login(server=url, token=result.token, user=result.user.name))
@@ -79,9 +83,12 @@ def login(
         ),
     ],
     server: ServerOption = None,
+    yes: YesOption = False,
+    replace_certificate: ReplaceOption = False,
 ) -> None:
     """Log in to a server; the token is saved for the next commands."""
     url = _server_url(server)
+    confirm_server_certificate(url, yes=yes, replace=replace_certificate)
     with connection.open_client(url, None) as client:
         result = client.login(name, password, token_name=f"cli on {platform.node() or 'host'}")
     path = save_login(Login(server=url, token=result.token, user=result.user.name))

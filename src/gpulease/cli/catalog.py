@@ -34,10 +34,19 @@ def gpus(output: OutputOption = OutputFormat.table) -> None:
     if output is OutputFormat.json:
         print_json(models)
         return
-    result = table("GPU", "MEMORY", "NCU", "PRICE/H", "FREE/TOTAL")
+    result = table("GPU", "MEMORY", "NCU FACTOR", "PRICE/H", "NCU/H", "DAY BLOCK", "FREE/TOTAL")
     for m in models:
         memory = f"{m.memory_gb:g} GB" if m.is_gpu else "-"
-        add_row(result, m.name, memory, m.ncu_factor, m.hourly, availability_text(m))
+        add_row(
+            result,
+            m.name,
+            memory,
+            m.ncu_factor,
+            m.hourly,
+            m.hourly_ncu,
+            m.daily,
+            availability_text(m),
+        )
     show_table(result, empty="the catalog is empty")
 
 

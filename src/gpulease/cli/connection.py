@@ -9,14 +9,16 @@ process. Nothing else in the CLI constructs a GpuleaseClient, and commands call 
 from __future__ import annotations
 
 from gpulease.client import GpuleaseClient, Login, resolve_login
+from gpulease.client.config import trusted_certificate
 from gpulease.client.errors import NotLoggedIn
 
 LOGIN_HINT = "run `gpulease login --server URL` (or `gpulease register --server URL`) first"
 
 
 def open_client(server_url: str, token: str | None) -> GpuleaseClient:
-    """Build the client for server_url (token None: anonymous). Tests replace this."""
-    return GpuleaseClient(server_url, token)
+    """Build the client for server_url (token None: anonymous), trusting the certificate
+    pinned for it if there is one. Tests replace this."""
+    return GpuleaseClient(server_url, token, trusted=trusted_certificate(server_url))
 
 
 def current_login() -> Login:

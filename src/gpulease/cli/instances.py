@@ -31,6 +31,12 @@ POLL_INTERVAL_S = 1.0
 WAITING = frozenset({"queued", "starting"})
 
 RefArgument = Annotated[str, typer.Argument(metavar="REF", help="instance id or name")]
+DatasetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--dataset", "-d", metavar="NAME", help="mount your dataset at /data/NAME (repeatable)"
+    ),
+]
 
 
 def gpu_text(instance: InstancePublic) -> str:
@@ -104,11 +110,37 @@ def create(
     ),
     name: Annotated[str | None, typer.Option("--name", help="lowercase letters, digits, -")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="wait until it is running")] = False,
+    dataset: DatasetOption = None,
+    plan: Annotated[
+        str, typer.Option("--plan", help="on_demand, daily or spot; see `gpulease plans`")
+    ] = "on_demand",
+    team: Annotated[str | None, typer.Option("--team", help="charge this team's wallet")] = None,
+    when_cheap: Annotated[
+        bool, typer.Option("--when-cheap", help="start only inside an off-peak window")
+    ] = False,
+    auto_renew: Annotated[
+        bool, typer.Option("--auto-renew", help="daily plan: buy the next block at the end")
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="accept the daily plan's rules")] = False,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Rent an instance. It is queued until its GPUs are free, then starts."""
     with logged_in_client() as client:
-        instance = client.create_instance(gpu, template, name=name)
+        if plan == "daily" and not yes:
+            (rules,) = [q.rules for q in client.plans(gpu or "CPU") if q.plan == "daily"]
+            err_console().print(rules, markup=False)
+            if not typer.confirm("Buy a daily block on these terms?", err=True):
+                fail("not created", 1)
+        instance = client.create_instance(
+            gpu,
+            template,
+            name=name,
+            datasets=dataset or (),
+            plan=plan,
+            team=team,
+            start_when_cheap=when_cheap,
+            auto_renew=auto_renew,
+        )
         if output is OutputFormat.table:
             _print_instance_line(instance, "created")
         if wait:
@@ -168,6 +200,7 @@ def show(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
             ("gpu", gpu_text(i)),
             ("gpu indices", ", ".join(map(str, i.gpu_indices))),
             ("template", i.template),
+            ("datasets", ", ".join(f"/data/{n} (v{v})" for n, v in i.datasets.items())),
             ("node", i.node),
             ("price", f"{i.hourly}/h"),
             ("created", when(i.created_at)),

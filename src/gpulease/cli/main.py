@@ -7,7 +7,10 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from gpulease.cli import accounts, billing, catalog, instances, runs, server
+from gpulease.cli import accounts, backup, billing, catalog, instances, runs, server, wallets
+from gpulease.cli import datasets as dataset_commands
+from gpulease.cli import estimates as estimate_commands
+from gpulease.cli import statements as statement_commands
 from gpulease.cli.output import fail
 from gpulease.client import ClientError
 from gpulease.core.errors import GpuleaseError, InvalidInput
@@ -35,6 +38,8 @@ app = typer.Typer(
 )
 
 app.command("server")(server.server)
+app.command("backup")(backup.backup)
+app.command("restore")(backup.restore)
 
 app.command("register")(accounts.register)
 app.command("login")(accounts.login)
@@ -55,3 +60,22 @@ app.command("runs")(runs.runs)
 app.command("balance")(billing.balance)
 app.command("usage")(billing.usage)
 app.add_typer(billing.admin_app, name="admin")
+
+app.command("plans")(wallets.plans)
+app.command("offpeak")(wallets.offpeak)
+app.add_typer(wallets.voucher_app, name="voucher")
+app.add_typer(wallets.limits_app, name="limits")
+app.add_typer(wallets.team_app, name="team")
+billing.admin_app.command("grant-team")(wallets.admin_grant_team)
+billing.admin_app.command("limits")(wallets.admin_limits)
+billing.admin_app.command("offpeak-add")(wallets.admin_offpeak_add)
+billing.admin_app.command("offpeak-rm")(wallets.admin_offpeak_rm)
+billing.admin_app.command("voucher-create")(wallets.admin_voucher_create)
+billing.admin_app.command("vouchers")(wallets.admin_voucher_ls)
+
+app.command("estimate")(estimate_commands.estimate)
+app.command("statement")(statement_commands.statement)
+billing.admin_app.command("revenue")(statement_commands.revenue)
+
+app.add_typer(dataset_commands.dataset_app, name="dataset")  # issue 5: datasets
+billing.admin_app.command("rotate-master-key")(dataset_commands.rotate_master_key)

@@ -27,12 +27,13 @@ OutputOption = Annotated[
 
 
 def console() -> Console:
-    """Standard output. Made per call so it follows sys.stdout (tests swap it)."""
-    return Console(highlight=False, soft_wrap=False)
+    """Standard output. Made per call so it follows sys.stdout (tests swap it). No emoji
+    codes: `:ab:` in a fingerprint or a name stays text."""
+    return Console(highlight=False, soft_wrap=False, emoji=False)
 
 
 def err_console() -> Console:
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, emoji=False)
 
 
 def error(message: str) -> None:

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from gpulease.cli.connection import logged_in_client
-from gpulease.cli.instances import RefArgument, status_text, wait_until_started
+from gpulease.cli.instances import DatasetOption, RefArgument, status_text, wait_until_started
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
@@ -207,6 +207,12 @@ def run(
         typer.Option("--workdir", help="upload this directory into the workspace first"),
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="task name")] = None,
+    dataset: DatasetOption = None,
+    spot: Annotated[bool, typer.Option("--spot", help="the spot plan: cheaper, may stop")] = False,
+    team: Annotated[str | None, typer.Option("--team", help="charge this team's wallet")] = None,
+    when_cheap: Annotated[
+        bool, typer.Option("--when-cheap", help="start only inside an off-peak window")
+    ] = False,
 ) -> None:
     """Rent an instance for one task: upload the workdir, run, stream the output, release.
 
@@ -216,8 +222,14 @@ def run(
     spec, directory = load_task(
         args or [], gpu=gpu, template=template, env=parse_env(env), workdir=workdir, name=name
     )
-    if spec.use_spot:
-        note("resources.use_spot: spot instances are not offered yet; running on demand")
+    if dataset:
+        spec = replace(spec, datasets=tuple(dict.fromkeys((*spec.datasets, *dataset))))
+    spec = replace(
+        spec,
+        use_spot=spec.use_spot or spot,
+        start_when_cheap=spec.start_when_cheap or when_cheap,
+        team=team or spec.team,
+    )
     archive = pack_workdir(directory) if directory is not None else None  # before renting
     try:
         with logged_in_client() as client:
@@ -234,6 +246,10 @@ def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | 
         name=instance_name_for(spec.name),
         auto_release=True,
         awaiting_workdir=archive is not None,
+        datasets=spec.datasets,
+        plan="spot" if spec.use_spot else "on_demand",
+        team=spec.team,
+        start_when_cheap=spec.start_when_cheap,
     )
     note(f"instance {instance.id} {instance.name}: {status_text(instance)}")
     try:

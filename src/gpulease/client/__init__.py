@@ -2,6 +2,7 @@
 
 from gpulease.client.api import GpuleaseClient, InstanceRef
 from gpulease.client.config import Login, config_path, load_saved, resolve_login, save_login
+from gpulease.client.datasets import DatasetError, PushProgress, PushResult, scan_directory
 from gpulease.client.errors import (
     ApiError,
     ClientError,
@@ -15,6 +16,7 @@ from gpulease.client.workdir import WorkdirArchive, pack_workdir
 __all__ = [
     "ApiError",
     "ClientError",
+    "DatasetError",
     "EndEvent",
     "GpuleaseClient",
     "InstanceRef",
@@ -22,6 +24,8 @@ __all__ = [
     "LogStreamEvent",
     "Login",
     "NotLoggedIn",
+    "PushProgress",
+    "PushResult",
     "ServerUnreachable",
     "StatusEvent",
     "WorkdirArchive",
@@ -31,4 +35,5 @@ __all__ = [
     "pack_workdir",
     "resolve_login",
     "save_login",
+    "scan_directory",
 ]

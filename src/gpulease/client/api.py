@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import date
 from decimal import Decimal
 from pathlib import Path
 from types import TracebackType
@@ -14,7 +15,13 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from gpulease.client.config import normalize_server_url, resolve_login
+from gpulease.client.config import (
+    TrustedCertificate,
+    normalize_server_url,
+    resolve_login,
+    trusted_certificate,
+)
+from gpulease.client.datasets import PushProgress, PushResult, push_directory
 from gpulease.client.errors import ApiError, ClientError, NotLoggedIn, ServerUnreachable
 from gpulease.client.logstream import (
     EndEvent,
@@ -25,22 +32,46 @@ from gpulease.client.logstream import (
     decode_event,
     parse_sse,
 )
+from gpulease.client.trust import (
+    CertificateChanged,
+    UntrustedCertificate,
+    certificate_problem,
+    changed_message,
+    pinned_context,
+    untrusted_message,
+)
 from gpulease.client.workdir import WorkdirArchive, pack_workdir
 from gpulease.server.schemas import (
     AuthResult,
     Balance,
+    DatasetChunksReceived,
+    DatasetDetail,
+    DatasetFileEntry,
+    DatasetList,
+    DatasetMissingChunks,
+    DatasetPublic,
+    DatasetRemoved,
+    DatasetUploadPublic,
+    EstimatePublic,
     GpuModelPublic,
     InstancePublic,
     LedgerLine,
+    LimitsPublic,
     LogPage,
     NodePublic,
     NotificationPublic,
+    OffPeakPublic,
+    PlanQuote,
+    RevenuePublic,
     RunPublic,
+    StatementPublic,
+    TeamPublic,
     TemplatePublic,
     TokenCreated,
     TokenPublic,
     Usage,
     UserPublic,
+    VoucherPublic,
 )
 
 API_PREFIX = "/api/v1"
@@ -92,6 +123,10 @@ class GpuleaseClient:
 
     Every refusal raises ApiError(status, the server's message); no answer at all raises
     ServerUnreachable naming the URL.
+
+    `trusted`: the certificate pinned for an https server with a self-signed certificate
+    (see client/trust.py); the client then trusts exactly it, and raises CertificateChanged
+    when the server shows another. Without it, certificates are verified as usual.
     """
 
     def __init__(
@@ -102,14 +137,17 @@ class GpuleaseClient:
         http: httpx.Client | None = None,
         transport: httpx.BaseTransport | None = None,
         timeout: float = 30,
+        trusted: TrustedCertificate | None = None,
     ) -> None:
         if http is not None and transport is not None:
             raise ValueError("pass either http or transport, not both")
         self.server_url = normalize_server_url(server_url)
         self.token = token
         self.timeout = timeout
+        self.trusted = trusted if self.server_url.startswith("https://") else None
         self._owns_http = http is None
-        self._http = http or httpx.Client(transport=transport, timeout=timeout)
+        verify = pinned_context(self.trusted.pem) if self.trusted else True
+        self._http = http or httpx.Client(transport=transport, timeout=timeout, verify=verify)
 
     @classmethod
     def from_saved_login(cls, **kwargs: Any) -> GpuleaseClient:
@@ -117,6 +155,7 @@ class GpuleaseClient:
         login = resolve_login()
         if login.server is None:
             raise NotLoggedIn("not logged in: run `gpulease login --server URL` first")
+        kwargs.setdefault("trusted", trusted_certificate(login.server))
         return cls(login.server, login.token, **kwargs)
 
     def close(self) -> None:
@@ -147,6 +186,14 @@ class GpuleaseClient:
             headers.update(extra)
         return headers
 
+    def _transport_error(self, exc: httpx.TransportError) -> ClientError:
+        """A refused certificate, said plainly; otherwise ServerUnreachable."""
+        if certificate_problem(exc) is None:
+            return self._unreachable(exc)
+        if self.trusted is not None:
+            return CertificateChanged(changed_message(self.server_url, self.trusted.fingerprint))
+        return UntrustedCertificate(untrusted_message(self.server_url))
+
     def _unreachable(self, exc: httpx.TransportError) -> ServerUnreachable:
         if isinstance(exc, httpx.TimeoutException):
             return ServerUnreachable(self.server_url, f"no answer within {self.timeout:g} s")
@@ -172,7 +219,7 @@ class GpuleaseClient:
                 headers=self._headers(headers),
             )
         except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
+            raise self._transport_error(exc) from exc
         if response.is_error:
             raise error_from_response(response)
         return response
@@ -252,16 +299,28 @@ class GpuleaseClient:
         name: str | None = None,
         auto_release: bool = False,
         awaiting_workdir: bool = False,
+        datasets: Sequence[str] = (),
+        plan: str = "on_demand",
+        team: str | None = None,
+        start_when_cheap: bool = False,
+        auto_renew: bool = False,
     ) -> InstancePublic:
         """Rent `gpu` ("A100-80GB:4"; None for CPU only). It starts queued; poll its status.
         awaiting_workdir: an upload_workdir() follows; the server holds the instance in the
-        queue until it has the files."""
+        queue until it has the files. datasets: yours, mounted read-only at /data/NAME.
+        plan: on_demand, daily or spot (see plans()); team: charge that team's wallet;
+        start_when_cheap: wait for an off-peak window; auto_renew: daily blocks renew."""
         body = {
             "gpu": gpu,
             "template": template,
             "name": name,
             "auto_release": auto_release,
             "awaiting_workdir": awaiting_workdir,
+            "datasets": list(datasets),
+            "plan": plan,
+            "team": team,
+            "start_when_cheap": start_when_cheap,
+            "auto_renew": auto_renew,
         }
         return self._one(InstancePublic, "POST", "/instances", body=body)
 
@@ -388,6 +447,8 @@ class GpuleaseClient:
                         yield event
                 reason = "the server ended the stream early"
             except httpx.TransportError as exc:
+                if certificate_problem(exc) is not None:
+                    raise self._transport_error(exc) from exc
                 reason = str(self._unreachable(exc).reason)
             except _Retryable as exc:
                 reason = str(exc)
@@ -432,3 +493,235 @@ class GpuleaseClient:
             raise TypeError("amounts are decimal strings like '25.00', never floats")
         body = {"user": user, "amount": str(amount), "memo": memo}
         return self._one(LedgerLine, "POST", "/admin/grants", body=body)
+
+    # -- plans, vouchers, caps, teams (billing) ---------------------------------------------
+
+    def plans(self, gpu: str) -> list[PlanQuote]:
+        """Each plan's price for `gpu` ("A100-80GB:2") and the rules shown before buying."""
+        return self._many(PlanQuote, "/plans", params={"gpu": gpu})
+
+    def offpeak_windows(self) -> list[OffPeakPublic]:
+        return self._many(OffPeakPublic, "/offpeak")
+
+    def admin_add_offpeak(
+        self, weekdays: str, start: str, end: str, discount: str
+    ) -> OffPeakPublic:
+        body = {"weekdays": weekdays, "start": start, "end": end, "discount": discount}
+        return self._one(OffPeakPublic, "POST", "/admin/offpeak", body=body)
+
+    def admin_remove_offpeak(self, window_id: int) -> None:
+        self._send("DELETE", f"/admin/offpeak/{int(window_id)}")
+
+    def redeem_voucher(self, code: str) -> Balance:
+        return self._one(Balance, "POST", "/vouchers/redeem", body={"code": code})
+
+    def admin_create_voucher(
+        self,
+        amount: str,
+        *,
+        code: str | None = None,
+        expires_at: str | None = None,
+        max_redemptions: int = 1,
+        per_user_limit: int = 1,
+    ) -> VoucherPublic:
+        body = {
+            "amount": amount,
+            "code": code,
+            "expires_at": expires_at,
+            "max_redemptions": max_redemptions,
+            "per_user_limit": per_user_limit,
+        }
+        return self._one(VoucherPublic, "POST", "/admin/vouchers", body=body)
+
+    def admin_vouchers(self) -> list[VoucherPublic]:
+        return self._many(VoucherPublic, "/admin/vouchers")
+
+    def limits(self) -> LimitsPublic:
+        return self._one(LimitsPublic, "GET", "/limits")
+
+    def set_limits(
+        self,
+        *,
+        max_hourly: str | None,
+        monthly_budget: str | None,
+        low_balance: str | None,
+    ) -> LimitsPublic:
+        """Your caps as decimal strings; None removes one."""
+        body = {
+            "max_hourly": max_hourly,
+            "monthly_budget": monthly_budget,
+            "low_balance": low_balance,
+        }
+        return self._one(LimitsPublic, "PUT", "/limits", body=body)
+
+    def admin_set_limits(
+        self, user: str, *, max_hourly: str | None, monthly_budget: str | None
+    ) -> LimitsPublic:
+        body = {"max_hourly": max_hourly, "monthly_budget": monthly_budget}
+        return self._one(LimitsPublic, "PUT", f"/admin/users/{_path_part(user)}/limits", body=body)
+
+    def team_balance(self, team: str) -> Balance:
+        return self._one(Balance, "GET", "/balance", params={"team": team})
+
+    def create_team(self, name: str) -> TeamPublic:
+        return self._one(TeamPublic, "POST", "/teams", body={"name": name})
+
+    def teams(self) -> list[TeamPublic]:
+        return self._many(TeamPublic, "/teams")
+
+    def team(self, name: str) -> TeamPublic:
+        return self._one(TeamPublic, "GET", f"/teams/{_path_part(name)}")
+
+    def set_team_member(self, team: str, user: str, monthly_limit: str | None) -> TeamPublic:
+        path = f"/teams/{_path_part(team)}/members/{_path_part(user)}"
+        return self._one(TeamPublic, "PUT", path, body={"monthly_limit": monthly_limit})
+
+    def remove_team_member(self, team: str, user: str) -> None:
+        self._send("DELETE", f"/teams/{_path_part(team)}/members/{_path_part(user)}")
+
+    def admin_grant_team(
+        self, team: str, amount: str | Decimal, *, memo: str = "admin grant"
+    ) -> LedgerLine:
+        if isinstance(amount, float):
+            raise TypeError("amounts are decimal strings like '25.00', never floats")
+        body = {"team": team, "amount": str(amount), "memo": memo}
+        return self._one(LedgerLine, "POST", "/admin/grants", body=body)
+
+    # -- datasets ---------------------------------------------------------------------------
+
+    def list_datasets(self) -> DatasetList:
+        """Your datasets, and your storage use against your quota."""
+        return self._one(DatasetList, "GET", "/datasets")
+
+    def get_dataset(self, name: str) -> DatasetDetail:
+        """A dataset with its versions, its recent pushes and the instances mounting it."""
+        return self._one(DatasetDetail, "GET", f"/datasets/{_path_part(name)}")
+
+    def remove_dataset(self, name: str) -> DatasetRemoved:
+        return self._one(DatasetRemoved, "DELETE", f"/datasets/{_path_part(name)}")
+
+    def push_dataset(
+        self, directory: Path, name: str, *, progress: PushProgress | None = None
+    ) -> PushResult:
+        """Push a directory as a new version of dataset `name`; see client/datasets.py."""
+        return push_directory(self, directory, name, progress=progress)
+
+    # The push protocol, step by step (push_dataset drives it).
+
+    def start_push(self, name: str, *, files: int, size: int) -> DatasetUploadPublic:
+        body = {"name": name, "files": files, "bytes": size}
+        return self._one(
+            DatasetUploadPublic, "POST", f"/datasets/{_path_part(name)}/pushes", body=body
+        )
+
+    def get_push(self, name: str, push_id: int) -> DatasetUploadPublic:
+        path = f"/datasets/{_path_part(name)}/pushes/{int(push_id)}"
+        return self._one(DatasetUploadPublic, "GET", path)
+
+    def push_files(
+        self,
+        name: str,
+        push_id: int,
+        part: int,
+        files: Sequence[DatasetFileEntry | Mapping[str, Any]],
+    ) -> DatasetMissingChunks:
+        """Send part `part` of the file list ({"path", "size", "chunks"} each); the answer
+        names the chunks to send."""
+        path = f"/datasets/{_path_part(name)}/pushes/{int(push_id)}/files/{int(part)}"
+        body = {"files": [f.model_dump() if isinstance(f, BaseModel) else f for f in files]}
+        return self._one(DatasetMissingChunks, "PUT", path, body=body)
+
+    def push_chunks(self, name: str, push_id: int, packed: bytes) -> DatasetChunksReceived:
+        """Send a chunk pack (gpulease.storage.chunking.pack) of plaintext chunks."""
+        path = f"/datasets/{_path_part(name)}/pushes/{int(push_id)}/chunks"
+        return self._one(
+            DatasetChunksReceived,
+            "POST",
+            path,
+            content=packed,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+
+    def commit_push(
+        self, name: str, push_id: int, *, parts: int, files: int, size: int
+    ) -> DatasetPublic:
+        path = f"/datasets/{_path_part(name)}/pushes/{int(push_id)}/commit"
+        body = {"parts": parts, "files": files, "bytes": size}
+        return self._one(DatasetPublic, "POST", path, body=body)
+
+    def abandon_push(self, name: str, push_id: int) -> None:
+        self._send("DELETE", f"/datasets/{_path_part(name)}/pushes/{int(push_id)}")
+
+    # -- estimates and statements -----------------------------------------------------------
+
+    def estimate(
+        self, model: str, images: int, epochs: int, *, image_size: int = 224, gpus: int = 1
+    ) -> EstimatePublic:
+        """Expected GPU-hours, wall time, cost and NCU of training an image classifier, for
+        every GPU model in the server's catalog (at its prices)."""
+        params: dict[str, str | int] = {
+            "model": model,
+            "images": images,
+            "epochs": epochs,
+            "image_size": image_size,
+            "gpus": gpus,
+        }
+        return self._one(EstimatePublic, "GET", "/estimate", params=params)
+
+    @staticmethod
+    def _period(start: object, end: object, tz: str | None) -> dict[str, str | int]:
+        params: dict[str, str | int] = {}
+        for key, value in (("from", start), ("to", end), ("tz", tz)):
+            if value is not None:
+                params[key] = str(value)
+        return params
+
+    def statement(
+        self,
+        start: date | str | None = None,
+        end: date | str | None = None,
+        *,
+        tz: str | None = None,
+    ) -> StatementPublic:
+        """Your usage from `start` to `end` (dates, both included; default: this month in the
+        operator's time zone) by instance, day, GPU model and kind."""
+        return self._one(StatementPublic, "GET", "/statement", params=self._period(start, end, tz))
+
+    def statement_csv(
+        self,
+        start: date | str | None = None,
+        end: date | str | None = None,
+        *,
+        tz: str | None = None,
+    ) -> str:
+        """The statement's lines as CSV text (what `gpulease statement -o csv` prints)."""
+        params = self._period(start, end, tz)
+        response = self._send(
+            "GET", "/statement.csv", params=params, headers={"Accept": "text/csv"}
+        )
+        return response.text
+
+    def admin_revenue(
+        self,
+        start: date | str | None = None,
+        end: date | str | None = None,
+        *,
+        tz: str | None = None,
+    ) -> RevenuePublic:
+        """Revenue and GPU-hours sold per GPU model per day (admins only)."""
+        return self._one(
+            RevenuePublic, "GET", "/admin/revenue", params=self._period(start, end, tz)
+        )
+
+    def admin_revenue_csv(
+        self,
+        start: date | str | None = None,
+        end: date | str | None = None,
+        *,
+        tz: str | None = None,
+    ) -> str:
+        params = self._period(start, end, tz)
+        response = self._send(
+            "GET", "/admin/revenue.csv", params=params, headers={"Accept": "text/csv"}
+        )
+        return response.text

@@ -10,10 +10,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gpulease.client.errors import ClientError
+from gpulease.client.trust import address
 
 CONFIG_ENV = "GPULEASE_CONFIG"
 SERVER_ENV = "GPULEASE_SERVER"
 TOKEN_ENV = "GPULEASE_TOKEN"
+PINS_KEY = "trusted_certificates"
 
 
 @dataclass(frozen=True)
@@ -94,10 +96,71 @@ def resolve_login(path: Path | None = None) -> Login:
 
 
 def save_login(login: Login, path: Path | None = None) -> Path:
-    """Write the login atomically, readable by its owner only (0600, in a 0700 directory)."""
+    """Write the login atomically, readable by its owner only (0600, in a 0700 directory).
+    Pinned server certificates in the file are kept."""
     path = path or config_path()
+    data: dict[str, object] = {k: v for k, v in vars(login).items() if v is not None}
+    try:
+        pins = _read_object(path).get(PINS_KEY)
+    except ClientError:
+        pins = None  # an unreadable file is replaced, as before pins existed
+    if isinstance(pins, dict) and pins:
+        data[PINS_KEY] = pins
+    return _write_object(data, path)
+
+
+@dataclass(frozen=True)
+class TrustedCertificate:
+    """A server certificate the user confirmed (by its fingerprint) at the first login."""
+
+    fingerprint: str
+    pem: str
+
+
+def trusted_certificate(server_url: str, path: Path | None = None) -> TrustedCertificate | None:
+    """The certificate pinned for an https server (by host:port); None when none is."""
+    if not server_url.startswith("https://"):
+        return None
+    pins = _read_object(path or config_path()).get(PINS_KEY)
+    entry = pins.get(address(server_url)) if isinstance(pins, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    fingerprint, pem = entry.get("fingerprint"), entry.get("certificate")
+    if not isinstance(fingerprint, str) or not isinstance(pem, str):
+        return None
+    return TrustedCertificate(fingerprint=fingerprint, pem=pem)
+
+
+def pin_certificate(
+    server_url: str, pinned: TrustedCertificate | None, path: Path | None = None
+) -> Path:
+    """Pin (or with None forget) the certificate trusted for an https server."""
+    path = path or config_path()
+    data = _read_object(path)
+    pins = data.get(PINS_KEY)
+    pins = dict(pins) if isinstance(pins, dict) else {}
+    if pinned is None:
+        pins.pop(address(server_url), None)
+    else:
+        pins[address(server_url)] = {"fingerprint": pinned.fingerprint, "certificate": pinned.pem}
+    data[PINS_KEY] = pins
+    return _write_object(data, path)
+
+
+def _read_object(path: Path) -> dict[str, object]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ClientError(
+            f"cannot read the config file {path} ({exc}); delete it and log in again"
+        ) from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _write_object(data: dict[str, object], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    data = {k: v for k, v in vars(login).items() if v is not None}
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:

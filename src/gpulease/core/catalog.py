@@ -25,6 +25,8 @@ class GpuModel:
     hourly_micro: int
     nvml_match: tuple[str, ...]
     is_gpu: bool = True
+    daily_micro: int = 0  # one 24-hour prepaid block of one GPU
+    spot_hourly_micro: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,31 +88,56 @@ def parse_catalog(text: str) -> Catalog:
         raise InvalidInput(f"pricing file is not valid YAML: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         raise InvalidInput("pricing file needs a 'models:' list")
+    daily_hours = Decimal(str(data.get("daily_hours", 20)))
+    spot_discount = Decimal(str(data.get("spot_discount", "0.40")))
+    if not 0 < daily_hours <= 24:
+        raise InvalidInput("pricing file: daily_hours must be above 0 and at most 24")
+    if not 0 <= spot_discount < 1:
+        raise InvalidInput("pricing file: spot_discount must be at least 0 and below 1")
+
+    def plans(raw: dict[str, Any], hourly: int, where: str) -> tuple[int, int]:
+        """(daily block price, spot hourly price) of one GPU."""
+        daily, spot = raw.get("daily"), raw.get("spot")
+        return (
+            _price(daily, f"{where}.daily") if daily is not None else int(hourly * daily_hours),
+            _price(spot, f"{where}.spot")
+            if spot is not None
+            else int(hourly * (1 - spot_discount)),
+        )
+
     models: list[GpuModel] = []
     for i, raw in enumerate(data["models"]):
         where = f"models[{i}]"
         if not isinstance(raw, dict) or "name" not in raw or "hourly" not in raw:
             raise InvalidInput(f"pricing file: {where} needs at least name and hourly")
+        hourly = _price(raw["hourly"], f"{where}.hourly")
+        daily_price, spot_price = plans(raw, hourly, where)
         models.append(
             GpuModel(
                 name=str(raw["name"]),
                 memory_gb=float(raw.get("memory_gb", 0)),
                 peak_tflops=float(raw.get("peak_tflops", 0)),
                 ncu_factor=Decimal(str(raw.get("ncu_factor", 0))),
-                hourly_micro=_price(raw["hourly"], f"{where}.hourly"),
+                hourly_micro=hourly,
                 nvml_match=tuple(str(p) for p in raw.get("nvml_match", [raw["name"]])),
+                daily_micro=daily_price,
+                spot_hourly_micro=spot_price,
             )
         )
     cpu = data.get("cpu") or {}
+    cpu_hourly = _price(cpu.get("hourly", "0.02"), "cpu.hourly")
+    cpu_daily, cpu_spot = plans(cpu, cpu_hourly, "cpu")
     models.append(
         GpuModel(
             name=str(cpu.get("name", CPU_MODEL)),
             memory_gb=0,
             peak_tflops=0,
             ncu_factor=Decimal(0),
-            hourly_micro=_price(cpu.get("hourly", "0.02"), "cpu.hourly"),
+            hourly_micro=cpu_hourly,
             nvml_match=(),
             is_gpu=False,
+            daily_micro=cpu_daily,
+            spot_hourly_micro=cpu_spot,
         )
     )
     names = [m.name.lower() for m in models]

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from gpulease.core.datasets import check_dataset_name
 from gpulease.core.errors import InvalidInput
 
 KNOWN_FIELDS = {
@@ -20,6 +21,9 @@ KNOWN_FIELDS = {
     "num_nodes",
     "file_mounts",
     "template",
+    # gpulease's own: start only inside an off-peak window; charge a team's wallet
+    "start_when_cheap",
+    "team",
 }
 KNOWN_RESOURCES = {"accelerators", "use_spot", "cloud", "region"}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -35,6 +39,10 @@ class TaskSpec:
     setup: str | None = None
     run: str | None = None
     template: str = "pytorch"
+    # Datasets from `file_mounts: {/data/NAME: gpulease://NAME}`, mounted read-only.
+    datasets: tuple[str, ...] = ()
+    start_when_cheap: bool = False
+    team: str | None = None
 
     def script(self) -> str:
         """The shell script a run executes: setup (stop at the first error), then run."""
@@ -59,6 +67,36 @@ def _accelerators(raw: Any) -> str | None:
     )
 
 
+DATASET_SCHEME = "gpulease://"
+
+
+def _dataset_mounts(raw: Any) -> tuple[str, ...]:
+    """file_mounts: only `/data/NAME: gpulease://NAME` (a pushed dataset, read-only)."""
+    if not raw:
+        return ()
+    if not isinstance(raw, dict):
+        raise InvalidInput(
+            "file_mounts must be a mapping like {/data/cat_images: gpulease://cat_images}"
+        )
+    names = []
+    for target, source in raw.items():
+        if not isinstance(source, str) or not source.startswith(DATASET_SCHEME):
+            raise InvalidInput(
+                f"file_mounts: {target}: {source!r} cannot be mounted; gpulease mounts datasets "
+                "you pushed (`gpulease dataset push DIR --name NAME`) as "
+                "'/data/NAME: gpulease://NAME'; copy other files with workdir"
+            )
+        name = source[len(DATASET_SCHEME) :]
+        check_dataset_name(name)
+        if target != f"/data/{name}":
+            raise InvalidInput(
+                f"file_mounts: dataset {name} is mounted at /data/{name}, not {target}; "
+                f"write '/data/{name}: {source}'"
+            )
+        names.append(name)
+    return tuple(names)
+
+
 def parse_task(text: str) -> TaskSpec:
     """Parse task YAML; every refusal names the field and how to write it."""
     try:
@@ -75,8 +113,7 @@ def parse_task(text: str) -> TaskSpec:
         )
     if data.get("num_nodes", 1) != 1:
         raise InvalidInput("num_nodes: gpulease runs a task on one node; set num_nodes: 1")
-    if data.get("file_mounts"):
-        raise InvalidInput("file_mounts are not supported yet; copy files with workdir instead")
+    datasets = _dataset_mounts(data.get("file_mounts"))
     resources = data.get("resources") or {}
     if not isinstance(resources, dict):
         raise InvalidInput("resources must be a mapping, for example {accelerators: 'T4:1'}")
@@ -91,11 +128,13 @@ def parse_task(text: str) -> TaskSpec:
     for key in envs:
         if not isinstance(key, str) or not _ENV_NAME.match(key):
             raise InvalidInput(f"envs: {key!r} is not a valid environment variable name")
-    for key in ("name", "workdir", "setup", "run", "template"):
+    for key in ("name", "workdir", "setup", "run", "template", "team"):
         if key in data and data[key] is not None and not isinstance(data[key], str):
             raise InvalidInput(f"{key} must be a string")
     if not data.get("run"):
         raise InvalidInput("the task file needs a 'run:' command")
+    if not isinstance(data.get("start_when_cheap", False), bool):
+        raise InvalidInput("start_when_cheap must be true or false")
     return TaskSpec(
         name=data.get("name"),
         accelerators=_accelerators(resources.get("accelerators")),
@@ -105,4 +144,7 @@ def parse_task(text: str) -> TaskSpec:
         setup=data.get("setup"),
         run=data.get("run"),
         template=data.get("template") or "pytorch",
+        datasets=datasets,
+        start_when_cheap=bool(data.get("start_when_cheap", False)),
+        team=data.get("team"),
     )

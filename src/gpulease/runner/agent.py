@@ -19,8 +19,17 @@ import httpx
 from gpulease.backends.base import RunnerSpec
 from gpulease.envs.build import EnvBuildError, ensure_env, env_python
 from gpulease.runner.connection import Aborted, Connection, ServerGone, Unreachable
+from gpulease.runner.datasets import DatasetError, links_dir, materialise
 from gpulease.runner.jobs import LEFTOVER_GRACE_S, STOP_GRACE_S, RunProcess, run_env, stop_runs
 from gpulease.runner.logs import LogBatcher
+from gpulease.runner.sandbox import (
+    Sandbox,
+    SandboxError,
+    base_environment,
+    find_bwrap,
+    probe,
+    resolve_gpus,
+)
 from gpulease.runner.workdir import UnsafeArchive, extract_workdir
 
 log = logging.getLogger(__name__)
@@ -30,6 +39,8 @@ FLUSH_INTERVAL_S = 0.2
 POLL_WAIT_S = 20
 WORKDIR_MARKER = "workdir-extracted"
 _MAX_REASON = 8000
+# Once told to stop, how long the runner keeps trying to report to a server that is away.
+SHUTDOWN_REPORT_S = 60.0
 
 
 class StopRequested(Exception):
@@ -69,8 +80,15 @@ class Agent:
         self._accepting = True
         self._runs: dict[int, _Run] = {}
         self._env_dir = Path()
+        self._sandbox: Sandbox | None = None
+        # Mounted datasets: name -> read-only host directory (runner/datasets.py).
+        self.dataset_dirs: dict[str, Path] = {}
         self.connection = Connection(
-            spec.server_url, spec.token, on_stop=self.request_stop, transport=transport
+            spec.server_url,
+            spec.token,
+            on_stop=self.request_stop,
+            transport=transport,
+            server_certificate=spec.server_certificate,
         )
 
     def request_stop(self, reason: str) -> None:
@@ -102,7 +120,7 @@ class Agent:
         except (ServerGone, StopRequested, Aborted) as exc:
             log.info("not serving the instance: %s", exc or type(exc).__name__)
             return self._stopped()
-        except (EnvBuildError, UnsafeArchive) as exc:
+        except (EnvBuildError, UnsafeArchive, SandboxError, DatasetError) as exc:
             return self._fail(exc.message)
         if response.status_code == 409 or self._stopping.is_set():
             return self._shutdown()
@@ -131,10 +149,16 @@ class Agent:
 
     def _prepare(self) -> Path:
         template = self.spec.template
+        if self.spec.sandbox:
+            self._status("checking the sandbox")
+            reason = probe()
+            if reason is not None:
+                raise SandboxError(f"jobs cannot be sandboxed on this node: {reason}")
         self._status(f"preparing environment {template.name}")
         env_dir = ensure_env(template, self.spec.env_cache, self._status)
         self._status("preparing the workspace")
         self._fetch_workdir()
+        self.dataset_dirs = materialise(self.spec, self.connection, self._status)
         self._check_stop()
         return env_dir
 
@@ -244,21 +268,54 @@ class Agent:
         with self._lock:
             if not self._accepting or run_id in self._runs:
                 return
+            jail = self._run_sandbox()
+            env = run_env(
+                self.spec,
+                self._env_dir,
+                run_id,
+                extra,
+                base=base_environment(os.environ) if jail else None,
+                datasets_dir=self._datasets_dir(jail is not None),
+            )
             process = RunProcess(
                 run_id,
                 command,
-                env=run_env(self.spec, self._env_dir, run_id, extra),
+                env=jail.environment(env) if jail else env,
                 cwd=self.spec.workspace,
                 batcher=LogBatcher(),
                 leftover_grace_s=self._leftover_grace,
+                sandbox=jail,
             )
             process.start()
             run = _Run(process)
             run.reporter = threading.Thread(
-                target=self._report, args=(run,), name=f"run-{run_id}-report"
+                target=self._report, args=(run,), name=f"run-{run_id}-report", daemon=True
             )
             self._runs[run_id] = run
             run.reporter.start()
+
+    def _datasets_dir(self, sandboxed: bool) -> str | None:
+        """GPULEASE_DATASETS_DIR: /data in the sandbox, the directory of links outside it."""
+        if not self.dataset_dirs:
+            return None
+        return "/data" if sandboxed else str(links_dir(self.spec))
+
+    def _run_sandbox(self) -> Sandbox | None:
+        """The sandbox runs go into (None when the server runs unsandboxed), made at the
+        first run: the datasets are materialised by then."""
+        if not self.spec.sandbox:
+            return None
+        if self._sandbox is None:
+            self._sandbox = Sandbox(
+                workspace=self.spec.workspace,
+                env_dir=self._env_dir,
+                hostname=f"gpulease-{self.spec.instance_id}",
+                datasets=dict(self.dataset_dirs),
+                gpus=tuple(resolve_gpus(self.spec.gpu_indices)),
+                private=(self.spec.run_dir,),
+                bwrap=find_bwrap() or "bwrap",
+            )
+        return self._sandbox
 
     def _report(self, run: _Run) -> None:
         """started, then log chunks as they come, then exit once every chunk is acknowledged."""
@@ -294,9 +351,11 @@ class Agent:
             self._accepting = False
             runs = list(self._runs.values())
         stop_runs([run.process for run in runs], self._stop_grace)
+        deadline = time.monotonic() + SHUTDOWN_REPORT_S
         for run in runs:
             if run.reporter is not None:
-                run.reporter.join()
+                # logs and exits wait for the server, but not forever once we are stopping
+                run.reporter.join(max(0.0, deadline - time.monotonic()))
         return self._stopped()
 
     def _emergency_stop(self) -> None:
@@ -308,8 +367,10 @@ class Agent:
     def _stopped(self) -> int:
         if self.connection.gone.is_set():
             return 0  # nobody to tell
-        with contextlib.suppress(ServerGone):
-            self.connection.call("POST", f"{API}/stopped", json={})
+        # Bounded: a server that stays away finds the runner gone and stops the instance
+        # itself, so the runner never outlives its stop by more than this.
+        with contextlib.suppress(ServerGone, Unreachable):
+            self.connection.call("POST", f"{API}/stopped", json={}, give_up_after=SHUTDOWN_REPORT_S)
         log.info("stopped")
         return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from gpulease.client.trust import pinned_context
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +51,19 @@ class Connection:
         transport: httpx.BaseTransport | None = None,
         backoff_start_s: float = BACKOFF_START_S,
         backoff_max_s: float = BACKOFF_MAX_S,
+        server_certificate: str | None = None,
     ) -> None:
+        # An https server with a self-signed certificate: trust exactly that one (the spec
+        # carries it); otherwise verify as usual.
+        verify: ssl.SSLContext | bool = (
+            pinned_context(server_certificate) if server_certificate else True
+        )
         self._client = httpx.Client(
             base_url=server_url,
             headers={"Authorization": f"Bearer {token}"},
             transport=transport,
             timeout=30.0,
+            verify=verify,
         )
         self._on_stop = on_stop
         self._backoff_start = backoff_start_s
@@ -74,11 +84,14 @@ class Connection:
         retry: bool = True,
         abort: threading.Event | None = None,
         download_to: Path | None = None,
+        give_up_after: float | None = None,
     ) -> httpx.Response:
         """One protocol call. download_to streams a 200 body into that file instead of
-        memory (the workdir archive may be large)."""
+        memory (the workdir archive may be large). give_up_after: raise Unreachable once
+        that many seconds of retrying passed (None: retry until the server answers)."""
         delay = self._backoff_start
         failures = 0
+        deadline = None if give_up_after is None else time.monotonic() + give_up_after
         while True:
             if self.gone.is_set():
                 raise ServerGone(f"{method} {path}: the server no longer knows this instance")
@@ -92,7 +105,7 @@ class Connection:
                         log.info("server answers again after %d failed attempts", failures)
                     return self._judge(method, path, response)
                 problem = f"HTTP {response.status_code}"
-            if not retry:
+            if not retry or (deadline is not None and time.monotonic() >= deadline):
                 raise Unreachable(f"{method} {path}: {problem}")
             failures += 1
             level = logging.WARNING if failures == 1 else logging.DEBUG

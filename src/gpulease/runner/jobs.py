@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
+import json
 import logging
 import os
 import select
@@ -18,6 +20,7 @@ from typing import IO
 from gpulease.backends.base import RunnerSpec
 from gpulease.runner.logs import LogBatcher
 from gpulease.runner.procfs import group_running, signal_group
+from gpulease.runner.sandbox import Sandbox, SandboxError, exit_code_from_sandbox
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +29,7 @@ STOP_GRACE_S = 10.0
 # and how long output may still trickle out of pipes that escaped the process group.
 LEFTOVER_GRACE_S = 2.0
 READ_BYTES = 64 * 1024
+SANDBOX_START_TIMEOUT_S = 30.0
 _DROPPED_VARIABLES = ("PYTHONHOME", "PYTHONPATH", "VIRTUAL_ENV")
 
 
@@ -35,6 +39,7 @@ def run_env(
     run_id: int,
     extra: Mapping[str, str],
     base: Mapping[str, str] | None = None,
+    datasets_dir: str | None = None,
 ) -> dict[str, str]:
     """The environment of a run: the runner's own (base), the instance's extra_env, the run's
     env, then what the protocol fixes and nobody may override: CUDA_VISIBLE_DEVICES (exactly
@@ -61,13 +66,21 @@ def run_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if datasets_dir is not None:
+        env["GPULEASE_DATASETS_DIR"] = datasets_dir  # each mounted dataset is DIR/NAME
     return env
 
 
 class RunProcess:
     """One run. start() spawns it; when its main process has exited, whatever it left in its
     process group has been stopped and all its output is in the batcher, `exit_code` is set
-    and the batcher is closed (a signal N gives -N)."""
+    and the batcher is closed (a signal N gives -N).
+
+    With a sandbox, `bash -c COMMAND` runs inside bubblewrap (see runner/sandbox.py) and
+    `pid` is the host pid of the sandbox's init: the job's processes are in its session and
+    process group, so signals reach them as without a sandbox. When the main process exits,
+    the kernel kills whatever it left in its PID namespace at once.
+    """
 
     def __init__(
         self,
@@ -78,6 +91,7 @@ class RunProcess:
         cwd: Path,
         batcher: LogBatcher,
         leftover_grace_s: float = LEFTOVER_GRACE_S,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.run_id = run_id
         self.command = command
@@ -90,14 +104,20 @@ class RunProcess:
         self._process: subprocess.Popen[bytes] | None = None
         self._readers: list[threading.Thread] = []
         self._abandon = threading.Event()
+        self._sandbox = sandbox
 
     def start(self) -> None:
         """Spawn the run. A run that cannot be spawned ends at once with exit code 127 and
         the reason in its stderr."""
         bash = shutil.which("bash") or "/bin/bash"
+        argv = [bash, "-c", self.command]
+        info_read = info_write = -1
         try:
+            if self._sandbox is not None:
+                info_read, info_write = os.pipe()
+                argv = self._sandbox.command(argv, info_fd=info_write)
             process = subprocess.Popen(
-                [bash, "-c", self.command],
+                argv,
                 cwd=self._cwd,
                 env=self._env,
                 stdin=subprocess.DEVNULL,
@@ -105,13 +125,20 @@ class RunProcess:
                 stderr=subprocess.PIPE,
                 process_group=0,
                 close_fds=True,
+                pass_fds=(info_write,) if info_write >= 0 else (),
             )
-        except OSError as exc:
-            log.error("run %d could not start: %s", self.run_id, exc)
-            self.batcher.write("stderr", f"gpulease: the run could not start: {exc}\n")
+        except (OSError, SandboxError) as exc:
+            reason = exc.message if isinstance(exc, SandboxError) else str(exc)
+            log.error("run %d could not start: %s", self.run_id, reason)
+            self.batcher.write("stderr", f"gpulease: the run could not start: {reason}\n")
             self.exit_code = 127
             self.batcher.close()
+            if info_read >= 0:
+                os.close(info_read)
             return
+        finally:
+            if info_write >= 0:
+                os.close(info_write)
         self._process = process
         self.pid = process.pid
         assert process.stdout is not None and process.stderr is not None
@@ -121,6 +148,8 @@ class RunProcess:
             )
             reader.start()
             self._readers.append(reader)
+        if info_read >= 0:
+            self.pid = _sandbox_init_pid(info_read)
         threading.Thread(target=self._watch, name=f"run-{self.run_id}-watch").start()
         log.info("run %d started as pid %d: %s", self.run_id, process.pid, self.command)
 
@@ -155,6 +184,8 @@ class RunProcess:
     def _watch(self) -> None:
         assert self._process is not None
         code = self._process.wait()
+        if self._sandbox is not None:
+            code = exit_code_from_sandbox(code)
         if self.group_exists():
             log.info("run %d exited; stopping the processes it left behind", self.run_id)
             self.signal(signal.SIGTERM)
@@ -176,6 +207,28 @@ class RunProcess:
         self.exit_code = code
         log.info("run %d exited with %d", self.run_id, code)
         self.batcher.close()
+
+
+def _sandbox_init_pid(info_fd: int) -> int:
+    """Read bwrap's info (closed by bwrap once written, or when it fails before) and return
+    the sandbox init's host pid; 0 when bwrap exited without creating the sandbox (its
+    error is on the run's stderr)."""
+    data = b""
+    deadline = time.monotonic() + SANDBOX_START_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([info_fd], [], [], 0.5)
+            if not ready:
+                continue
+            chunk = os.read(info_fd, READ_BYTES)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(info_fd)
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        return int(json.loads(data)["child-pid"])
+    return 0
 
 
 def stop_runs(runs: Iterable[RunProcess], grace_s: float = STOP_GRACE_S) -> None:

@@ -16,6 +16,11 @@ from gpulease.backends.base import Backend
 from gpulease.core.errors import GpuleaseError
 from gpulease.server.reconcilers.loop import ReconcilerThread
 from gpulease.server.routers.api import admin, auth, billing, catalog, instances, runner, runs
+from gpulease.server.routers.api import datasets as datasets_api
+from gpulease.server.routers.api import estimates as estimates_api
+from gpulease.server.routers.api import plans as plans_api
+from gpulease.server.routers.api import statements as statements_api
+from gpulease.server.routers.api import teams as teams_api
 from gpulease.server.routers.ui import pages
 from gpulease.server.runtime import Runtime, build_runtime
 from gpulease.server.settings import Settings
@@ -81,6 +86,11 @@ def create_app(
 
     for module in (auth, catalog, instances, runs, billing, admin):
         app.include_router(module.router, prefix="/api/v1")
+    # issue 3: estimates, statements, plans and caps, teams
+    for module in (estimates_api, statements_api, plans_api, teams_api):
+        app.include_router(module.router, prefix="/api/v1")
+    app.include_router(datasets_api.router, prefix="/api/v1")  # issue 5: datasets
+    app.include_router(datasets_api.runner_router)
     app.include_router(runner.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

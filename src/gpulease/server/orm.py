@@ -13,11 +13,13 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -88,10 +90,11 @@ class LedgerAccount(Base):
     """A side of double-entry bookkeeping: a user's wallet, platform revenue, credit grants."""
 
     __tablename__ = "ledger_accounts"
-    __table_args__ = (UniqueConstraint("kind", "user_id"),)
+    __table_args__ = (UniqueConstraint("kind", "user_id", "team_id"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16))  # wallet | revenue | grants
+    kind: Mapped[str] = mapped_column(String(16))  # wallet | team_wallet | revenue | grants
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"))
 
 
 class LedgerTransaction(Base):
@@ -177,6 +180,15 @@ class Instance(Base):
     workdir_upload: Mapped[str | None] = mapped_column(String(500))
     # Created by `gpulease run`, whose workdir upload follows: not placed until it lands.
     awaiting_workdir: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Billing (see services/billing): on_demand | daily | spot; the wallet it is charged to.
+    plan: Mapped[str] = mapped_column(String(16), default="on_demand")
+    team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"), index=True)
+    start_when_cheap: Mapped[bool] = mapped_column(Boolean, default=False)
+    auto_renew: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Daily plan: the paid block's end; its GPUs stay reserved until then, even when stopped.
+    reserved_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    daily_blocks: Mapped[int] = mapped_column(Integer, default=0)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     runner_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
     runner_handle: Mapped[str | None] = mapped_column(String(255))
     runner_launched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -188,6 +200,7 @@ class Instance(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     owner: Mapped[User] = relationship()
     node: Mapped[Node | None] = relationship()
+    team: Mapped[Team | None] = relationship()
     gpus: Mapped[list[Gpu]] = relationship(order_by="Gpu.index", viewonly=True)
 
 
@@ -230,6 +243,11 @@ class UsageSegment(Base):
     gpu_model: Mapped[str] = mapped_column(String(64))
     gpu_count: Mapped[int] = mapped_column(Integer)
     hourly_micro: Mapped[int] = mapped_column(BigInteger)
+    plan: Mapped[str] = mapped_column(String(16), default="on_demand")
+    team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"))
+    # The off-peak windows and time zone in force when the segment opened: its price is
+    # fixed then, whatever an admin changes later.
+    offpeak: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     billed_seconds: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -244,3 +262,222 @@ class Notification(Base):
     message: Mapped[str] = mapped_column(String(1000))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     read_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Set for notices that must go out once (a release warning, a low balance crossing).
+    dedup_key: Mapped[str | None] = mapped_column(String(120), unique=True)
+
+
+class Team(Base):
+    """A lab or team with a shared wallet (ledger account kind team_wallet)."""
+
+    __tablename__ = "teams"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class TeamMember(Base):
+    __tablename__ = "team_members"
+    __table_args__ = (UniqueConstraint("team_id", "user_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    # What this member may charge to the team wallet per calendar month; None: no limit.
+    monthly_limit_micro: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class OffPeakWindowRow(Base):
+    """An operator's off-peak window (core.pricing.OffPeakWindow), in the operator's zone."""
+
+    __tablename__ = "offpeak_windows"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    weekdays: Mapped[str] = mapped_column(String(16))  # digits 0-6, Monday = 0
+    start_minute: Mapped[int] = mapped_column(Integer)
+    end_minute: Mapped[int] = mapped_column(Integer)
+    discount_bp: Mapped[int] = mapped_column(Integer)
+    tz: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Voucher(Base):
+    __tablename__ = "vouchers"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    code: Mapped[str] = mapped_column(String(64), unique=True)
+    amount_micro: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    max_redemptions: Mapped[int] = mapped_column(Integer, default=1)
+    per_user_limit: Mapped[int] = mapped_column(Integer, default=1)
+    created_by: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class VoucherRedemption(Base):
+    """One use of a voucher. (voucher_id, ordinal) is unique: two redemptions racing for the
+    last use cannot both get it, on any database."""
+
+    __tablename__ = "voucher_redemptions"
+    __table_args__ = (UniqueConstraint("voucher_id", "ordinal"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    voucher_id: Mapped[int] = mapped_column(ForeignKey("vouchers.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    ordinal: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class SpendingLimit(Base):
+    """A user's caps: what they set, and the ceiling an admin set. None: no cap."""
+
+    __tablename__ = "spending_limits"
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), primary_key=True)
+    max_hourly_micro: Mapped[int | None] = mapped_column(BigInteger)
+    monthly_budget_micro: Mapped[int | None] = mapped_column(BigInteger)
+    admin_max_hourly_micro: Mapped[int | None] = mapped_column(BigInteger)
+    admin_monthly_budget_micro: Mapped[int | None] = mapped_column(BigInteger)
+    low_balance_micro: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class StorageMeter(Base):
+    """Storage held by one workspace or dataset, billed per GB-day. Usage accumulates in
+    KiB-seconds; the charge so far is always floor(kib_seconds × price / (GiB-day)), so
+    each tick posts only the difference, as usage segments do."""
+
+    __tablename__ = "storage_meters"
+    __table_args__ = (UniqueConstraint("kind", "ref_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"))
+    kind: Mapped[str] = mapped_column(String(16))  # workspace | datasets (ref = the user)
+    ref_id: Mapped[int] = mapped_column(Integer)
+    kib: Mapped[int] = mapped_column(BigInteger, default=0)
+    kib_seconds: Mapped[int] = mapped_column(BigInteger, default=0)
+    charged_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    price_micro_per_gb_day: Mapped[int] = mapped_column(BigInteger)
+    measured_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+# Datasets (services/datasets; the key scheme is explained in services/datasets/keys.py)
+
+
+class StorageKey(Base):
+    """A 256-bit key wrapped (AES-256-GCM) by the master key, bound to its scope:
+    'user:ID' (wraps that user's chunk keys), 'dataset:ID' (seals its manifests), or the
+    one 'master' row that names the master key in force (see services/datasets/keys.py)."""
+
+    __tablename__ = "storage_keys"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scope: Mapped[str] = mapped_column(String(64), unique=True)
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True)
+    wrapped: Mapped[bytes] = mapped_column(LargeBinary)
+    master_key_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    rotated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Dataset(Base):
+    """A user's named dataset. Visible only once it has a committed version (current_version
+    set); a push in progress never shows. Names are unique per owner among live datasets."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (
+        Index(
+            "uq_datasets_owner_id_name_live",
+            "owner_id",
+            "name",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[int | None] = mapped_column(ForeignKey("storage_keys.id"))
+    current_version: Mapped[int | None] = mapped_column(Integer)
+    file_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class DatasetVersion(Base):
+    """A committed, immutable version: its manifest (paths, sizes, chunk ids) is a blob sealed
+    with the dataset's key. Versions exist only once complete."""
+
+    __tablename__ = "dataset_versions"
+    __table_args__ = (UniqueConstraint("dataset_id", "number"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    file_count: Mapped[int] = mapped_column(BigInteger)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    chunk_count: Mapped[int] = mapped_column(BigInteger)
+    manifest_blob: Mapped[str] = mapped_column(String(255))
+    upload_id: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class DatasetUpload(Base):
+    """One push: open until committed (a version appears), abandoned or refused. Counts what
+    the server received through it, so a resumed push shows it sent only the rest."""
+
+    __tablename__ = "dataset_uploads"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    state: Mapped[str] = mapped_column(String(16))  # open committed abandoned refused
+    declared_files: Mapped[int] = mapped_column(BigInteger, default=0)
+    declared_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    parts: Mapped[int] = mapped_column(Integer, default=0)
+    files_listed: Mapped[int] = mapped_column(BigInteger, default=0)
+    chunks_received: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_received: Mapped[int] = mapped_column(BigInteger, default=0)
+    version: Mapped[int | None] = mapped_column(Integer)
+    state_reason: Mapped[str] = mapped_column(String(500), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class DatasetChunk(Base):
+    """A chunk a user has (or has reserved for a push in progress: stored is False until its
+    bytes arrive). One row per (owner, plaintext SHA-256): the per-user dedup. key_wrapped is
+    the chunk's own random key, wrapped by the owner's user key. Its sealed bytes are
+    [offset, offset+length) of the pack blob `blob`, which holds the chunks that arrived in
+    one request (a pack is deleted when no row points into it any more)."""
+
+    __tablename__ = "dataset_chunks"
+    __table_args__ = (UniqueConstraint("owner_id", "sha256"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    key_wrapped: Mapped[bytes] = mapped_column(LargeBinary)
+    stored: Mapped[bool] = mapped_column(Boolean, default=False)
+    blob: Mapped[str | None] = mapped_column(String(255), index=True)
+    offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    length: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class DatasetUsage(Base):
+    """The bytes of a user's chunk rows (stored or reserved), kept in step with them in the
+    same transactions (under the owner's storage lock): what the quota is checked against,
+    without summing 100,000 rows at every step of a push."""
+
+    __tablename__ = "dataset_usage"
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), primary_key=True)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class InstanceDataset(Base):
+    """A dataset mounted by an instance at /data/NAME, resolved to a version at create time."""
+
+    __tablename__ = "instance_datasets"
+    __table_args__ = (UniqueConstraint("instance_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id"), index=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -13,8 +13,11 @@ from gpulease.backends.base import Backend
 from gpulease.core.catalog import Catalog, default_pricing_text, load_catalog
 from gpulease.gpus.discovery import discover
 from gpulease.server.db import make_engine, make_sessionmaker, migrate, transaction
+from gpulease.server.isolation import require_sandbox
 from gpulease.server.services import nodes, users
+from gpulease.server.services.datasets.vault import Vault, open_vault
 from gpulease.server.settings import Settings
+from gpulease.server.tls import prepare_tls
 
 log = logging.getLogger("gpulease.server")
 
@@ -28,6 +31,8 @@ class Runtime:
     backend: Backend
     node_name: str
     admin_password_generated: str | None = None
+    # Dataset storage: blob store and master key (services/datasets).
+    vault: Vault | None = None
 
 
 def default_backend(settings: Settings) -> Backend:
@@ -37,17 +42,28 @@ def default_backend(settings: Settings) -> Backend:
 
 
 def build_runtime(settings: Settings, backend: Backend | None = None) -> Runtime:
-    """Prepare the data directory, migrate the database, load prices, register this host."""
+    """Prepare the data directory, migrate the database, load prices, register this host.
+    Without a backend given, runners start on this host: their jobs need the sandbox."""
+    if backend is None:
+        require_sandbox(settings)
     settings.home.mkdir(parents=True, exist_ok=True)
     settings.home.chmod(0o700)
+    prepare_tls(settings)
     for path in (settings.workspaces_path, settings.runners_path, settings.uploads_path):
         path.mkdir(parents=True, exist_ok=True)
     if settings.pricing_file is None and not settings.pricing_path.exists():
         settings.pricing_path.write_text(default_pricing_text())
     catalog = load_catalog(settings.pricing_path)
+    if settings.currency_symbol or settings.currency_name:
+        catalog = replace(
+            catalog,
+            currency_symbol=settings.currency_symbol or catalog.currency_symbol,
+            currency_name=settings.currency_name or catalog.currency_name,
+        )
     engine = make_engine(settings.db_url)
     migrate(engine)
     sessions = make_sessionmaker(engine)
+    vault = open_vault(settings, sessions)
     node_name = settings.node_name or platform.node() or "local"
     inventory = discover(catalog, settings.simulated_gpus)
     with transaction(sessions) as session:
@@ -62,4 +78,5 @@ def build_runtime(settings: Settings, backend: Backend | None = None) -> Runtime
         backend=backend or default_backend(settings),
         node_name=node_name,
         admin_password_generated=generated,
+        vault=vault,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -46,11 +47,56 @@ class Settings(BaseSettings):
     # Running instances are charged every this many seconds (and to the second when they
     # stop); a balance may lag that much behind the meter.
     billing_step_s: int = 30
+
+    # Billing (issue 3). The operator's time zone places off-peak windows and statement days.
+    timezone: str = "UTC"
+    # Override the pricing file's currency symbol and name.
+    currency_symbol: str | None = None
+    currency_name: str | None = None
+    # Workspaces and datasets cost this much per GB (GiB) per day, also while stopped.
+    storage_price_gb_day: str = "0.003"
+    storage_meter_interval_s: float = 300.0
+    # A stopped instance is released (workspace deleted) after this many days, with notices
+    # this many days before.
+    stopped_release_days: int = 15
+    release_warning_days: str = "3,1"
+    # Warn a user whose balance falls below this many minutes of their current spend
+    # (unless they set their own threshold amount).
+    low_balance_minutes: int = 60
     session_days: int = 14
+
+    # Datasets (issue 5): storage quota, the master key, the blob store, the node's cache.
+    # Each user may keep this many GB (10^9 bytes) of distinct dataset content.
+    storage_quota_gb: float = Field(default=50.0, ge=0)
+    # The key that wraps every dataset key; made (mode 0600) at the first start. Keep it out
+    # of database backups' reach: whoever has both reads every dataset.
+    master_key_file: Path | None = None
+    blob_store: Literal["fs", "s3"] = "fs"
+    blob_dir: Path | None = None  # fs: default HOME/blobs
+    s3_bucket: str | None = None
+    s3_prefix: str = ""
+    s3_endpoint_url: str | None = None  # MinIO, Ceph, Garage...; None: AWS
+    s3_region: str | None = None
+    # Where runners materialise dataset versions on a node, shared by its instances.
+    dataset_cache: Path | None = None
+
+    # Sandbox and transport security (issue 5: sandbox, HTTPS; backups read these too).
+    # Jobs run in a bubblewrap sandbox; a server without a usable bwrap refuses to start
+    # unless this is set, and then jobs run UNSANDBOXED with the server's own rights (they
+    # can read its database and keys): sign-up is forced off, for one trusted user only.
+    unsandboxed_single_user: bool = False
+    # HTTPS with the operator's certificate (PEM, chain included) and its key...
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # ...or with a self-signed certificate made at the first start under HOME/tls, whose
+    # fingerprint the CLI pins at the first login.
+    tls_self_signed: bool = False
 
     @model_validator(mode="after")
     def _enforce_safe_defaults(self) -> Settings:
         parse_credits(self.signup_credit)  # fails start-up on a malformed amount
+        parse_credits(self.storage_price_gb_day)
+        _zone, _warnings = self.tz, self.release_warnings  # both raise on bad values
         if self.environment == "production":
             pw = self.admin_password.get_secret_value() if self.admin_password else None
             if pw is not None and (pw.lower() in WEAK_PASSWORDS or len(pw) < 12):
@@ -73,7 +119,8 @@ class Settings(BaseSettings):
         if self.public_url:
             return self.public_url.rstrip("/")
         host = "127.0.0.1" if self.host in {"0.0.0.0", "::"} else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.tls_enabled else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     @property
     def pricing_path(self) -> Path:
@@ -98,3 +145,68 @@ class Settings(BaseSettings):
     @property
     def signup_credit_micro(self) -> int:
         return parse_credits(self.signup_credit)
+
+    @property
+    def tz(self) -> ZoneInfo:
+        try:
+            return ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"GPULEASE_TIMEZONE={self.timezone!r} is not a time zone; use e.g. Asia/Shanghai"
+            ) from None
+
+    @property
+    def release_warnings(self) -> list[int]:
+        try:
+            days = sorted({int(d) for d in self.release_warning_days.split(",") if d.strip()})
+        except ValueError:
+            raise ValueError("GPULEASE_RELEASE_WARNING_DAYS must be days like 3,1") from None
+        return [d for d in days if 0 < d < self.stopped_release_days]
+
+    @property
+    def storage_price_micro(self) -> int:
+        return parse_credits(self.storage_price_gb_day)
+
+    @model_validator(mode="after")
+    def _check_dataset_storage(self) -> Settings:
+        if self.blob_store == "s3" and not self.s3_bucket:
+            raise ValueError("GPULEASE_BLOB_STORE=s3 needs GPULEASE_S3_BUCKET")
+        return self
+
+    @property
+    def storage_quota_bytes(self) -> int:
+        return int(self.storage_quota_gb * 1_000_000_000)
+
+    @property
+    def master_key_path(self) -> Path:
+        return self.master_key_file or self.home / "keys" / "master.key"
+
+    @property
+    def blobs_path(self) -> Path:
+        return self.blob_dir or self.home / "blobs"
+
+    @property
+    def dataset_cache_path(self) -> Path:
+        return self.dataset_cache or self.home / "datasets"
+
+    @model_validator(mode="after")
+    def _check_sandbox_and_tls(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("GPULEASE_TLS_CERT and GPULEASE_TLS_KEY go together: set both")
+        if self.tls_cert is not None and self.tls_self_signed:
+            raise ValueError(
+                "GPULEASE_TLS_SELF_SIGNED and GPULEASE_TLS_CERT exclude each other; "
+                "use your certificate or a generated one"
+            )
+        if self.unsandboxed_single_user:
+            self.signup_enabled = False  # nobody else may get an account on such a server
+        return self
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_self_signed or self.tls_cert is not None
+
+    @property
+    def tls_path(self) -> Path:
+        """Where the self-signed certificate and its key live."""
+        return self.home / "tls"

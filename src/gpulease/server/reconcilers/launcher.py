@@ -23,6 +23,7 @@ from gpulease.server.services.instances.states import (
     STOPPING,
     switch_status,
 )
+from gpulease.server.tls import runner_trust
 
 log = logging.getLogger("gpulease.launcher")
 
@@ -83,6 +84,9 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             gpu_indices=tuple(g.index for g in gpus if not g.simulated),
             gpu_uuids=tuple(g.uuid for g in gpus),
             heartbeat_interval_s=rt.settings.heartbeat_interval_s,
+            sandbox=not rt.settings.unsandboxed_single_user,
+            server_certificate=runner_trust(rt.settings),
+            dataset_cache=rt.settings.dataset_cache_path,
         )
     try:
         handle = rt.backend.start(spec)

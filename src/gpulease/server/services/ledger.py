@@ -16,32 +16,48 @@ from gpulease.server.db import utcnow
 from gpulease.server.orm import LedgerAccount, LedgerEntry, LedgerTransaction
 
 WALLET = "wallet"
+TEAM_WALLET = "team_wallet"
 REVENUE = "revenue"
 GRANTS = "grants"
 MAX_GRANT_MICRO = 10**15  # a billion credits: anything bigger is a typo
 
 
-def account_id(session: Session, kind: str, user_id: int | None = None) -> int:
-    found = session.scalar(
-        select(LedgerAccount.id).where(LedgerAccount.kind == kind, LedgerAccount.user_id == user_id)
-    )
+def account_id(
+    session: Session, kind: str, user_id: int | None = None, team_id: int | None = None
+) -> int:
+    def find() -> int | None:
+        return session.scalar(
+            select(LedgerAccount.id).where(
+                LedgerAccount.kind == kind,
+                LedgerAccount.user_id.is_(None)
+                if user_id is None
+                else LedgerAccount.user_id == user_id,
+                LedgerAccount.team_id.is_(None)
+                if team_id is None
+                else LedgerAccount.team_id == team_id,
+            )
+        )
+
+    found = find()
     if found is not None:
         return found
     try:
         with session.begin_nested():
-            account = LedgerAccount(kind=kind, user_id=user_id)
+            account = LedgerAccount(kind=kind, user_id=user_id, team_id=team_id)
             session.add(account)
             session.flush()
             return account.id
     except IntegrityError:
-        # Another transaction created it first.
-        found = session.scalar(
-            select(LedgerAccount.id).where(
-                LedgerAccount.kind == kind, LedgerAccount.user_id == user_id
-            )
-        )
+        found = find()  # another transaction created it first
         assert found is not None
         return found
+
+
+def wallet_account(session: Session, user_id: int, team_id: int | None) -> int:
+    """The account an instance's charges go to: its team's wallet or its owner's."""
+    if team_id is not None:
+        return account_id(session, TEAM_WALLET, team_id=team_id)
+    return account_id(session, WALLET, user_id)
 
 
 def post(
@@ -82,7 +98,14 @@ def post(
 
 
 def grant(
-    session: Session, user_id: int, amount_micro: int, *, kind: str, key: str, memo: str
+    session: Session,
+    user_id: int,
+    amount_micro: int,
+    *,
+    kind: str,
+    key: str,
+    memo: str,
+    team_id: int | None = None,
 ) -> LedgerTransaction | None:
     if amount_micro <= 0:
         raise InvalidInput("a credit grant must be a positive amount")
@@ -94,24 +117,35 @@ def grant(
         key=key,
         legs=[
             (account_id(session, GRANTS), -amount_micro),
-            (account_id(session, WALLET, user_id), amount_micro),
+            (wallet_account(session, user_id, team_id), amount_micro),
         ],
         memo=memo,
         user_id=user_id,
     )
 
 
-def charge_usage(
-    session: Session, user_id: int, instance_id: int, amount_micro: int, *, key: str, memo: str
+def charge(
+    session: Session,
+    user_id: int,
+    amount_micro: int,
+    *,
+    key: str,
+    memo: str,
+    kind: str = "usage",
+    team_id: int | None = None,
+    instance_id: int | None = None,
 ) -> LedgerTransaction | None:
+    """Move amount from the wallet (the team's when team_id is set) to revenue."""
     if amount_micro == 0:
         return None
+    if amount_micro < 0:
+        raise ValueError("a charge cannot be negative")
     return post(
         session,
-        kind="usage",
+        kind=kind,
         key=key,
         legs=[
-            (account_id(session, WALLET, user_id), -amount_micro),
+            (wallet_account(session, user_id, team_id), -amount_micro),
             (account_id(session, REVENUE), amount_micro),
         ],
         memo=memo,
@@ -120,11 +154,46 @@ def charge_usage(
     )
 
 
-def balance(session: Session, user_id: int) -> int:
+def charge_usage(
+    session: Session,
+    user_id: int,
+    instance_id: int,
+    amount_micro: int,
+    *,
+    key: str,
+    memo: str,
+    team_id: int | None = None,
+) -> LedgerTransaction | None:
+    return charge(
+        session,
+        user_id,
+        amount_micro,
+        key=key,
+        memo=memo,
+        team_id=team_id,
+        instance_id=instance_id,
+    )
+
+
+def account_balance(session: Session, account: int) -> int:
+    total = session.scalar(
+        select(func.coalesce(func.sum(LedgerEntry.amount), 0)).where(
+            LedgerEntry.account_id == account
+        )
+    )
+    return int(total or 0)
+
+
+def balance(session: Session, user_id: int, team_id: int | None = None) -> int:
+    """A wallet's balance: the user's own, or the team's when team_id is given."""
+    if team_id is not None:
+        kind_filter = (LedgerAccount.kind == TEAM_WALLET, LedgerAccount.team_id == team_id)
+    else:
+        kind_filter = (LedgerAccount.kind == WALLET, LedgerAccount.user_id == user_id)
     total = session.scalar(
         select(func.coalesce(func.sum(LedgerEntry.amount), 0))
         .join(LedgerAccount, LedgerAccount.id == LedgerEntry.account_id)
-        .where(LedgerAccount.kind == WALLET, LedgerAccount.user_id == user_id)
+        .where(*kind_filter)
     )
     return int(total or 0)
 

@@ -4,27 +4,24 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from gpulease.core.money import format_credits, ncu
-from gpulease.server.routers.api.presenters import ledger_line
+from gpulease.server.routers.api.presenters import balance_public, ledger_line
 from gpulease.server.routers.deps import current_user, runtime, tx
 from gpulease.server.schemas import Balance, NotificationPublic, Usage, UsageSegmentPublic
 from gpulease.server.services import ledger, metering, notifications
+from gpulease.server.services.billing import teams
 
 router = APIRouter(tags=["billing"])
 
 
 @router.get("/balance")
-def balance(request: Request) -> Balance:
+def balance(request: Request, team: str | None = None) -> Balance:
+    """Your wallet's balance, or with ?team=NAME the shared wallet of a team you are in."""
     catalog = runtime(request).catalog
     with tx(request) as session:
         user = current_user(session, request)
-        micro = ledger.balance(session, user.id)
-    return Balance(
-        balance_micro=micro,
-        balance=format_credits(micro, catalog.currency_symbol),
-        currency=catalog.currency_name,
-        ncu=f"{ncu(micro, catalog.ncu_reference_hourly_micro):.4f}",
-    )
+        team_id = teams.team_for_member(session, user, team)[0].id if team else None
+        micro = ledger.balance(session, user.id, team_id)
+    return balance_public(micro, catalog)
 
 
 @router.get("/usage")

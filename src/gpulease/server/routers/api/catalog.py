@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from gpulease.core.money import format_credits
+from gpulease.core.money import format_credits, ncu
 from gpulease.core.templates import BUILTIN_TEMPLATES
 from gpulease.server.routers.deps import current_admin, current_user, runtime, tx
 from gpulease.server.schemas import GpuModelPublic, NodePublic, TemplatePublic
@@ -28,6 +28,10 @@ def list_gpu_models(request: Request) -> list[GpuModelPublic]:
             ncu_factor=str(m.ncu_factor),
             hourly_micro=m.hourly_micro,
             hourly=format_credits(m.hourly_micro, catalog.currency_symbol),
+            hourly_ncu=f"{ncu(m.hourly_micro, catalog.ncu_reference_hourly_micro):.6f}",
+            daily_micro=m.daily_micro,
+            daily=format_credits(m.daily_micro, catalog.currency_symbol),
+            spot_hourly_micro=m.spot_hourly_micro,
             free=avail[m.name].free,
             total=avail[m.name].total,
             simulated=avail[m.name].simulated,

@@ -12,6 +12,7 @@ from gpulease.server.routers.api.presenters import instance_public
 from gpulease.server.routers.deps import current_user, runtime, tx
 from gpulease.server.schemas import InstanceCreate, InstancePublic, RunCreate, RunPublic
 from gpulease.server.services import runs
+from gpulease.server.services.datasets import mounts
 from gpulease.server.services.instances import lifecycle
 
 router = APIRouter(tags=["instances"])
@@ -37,9 +38,15 @@ def create_instance(body: InstanceCreate, request: Request) -> InstancePublic:
             name=body.name,
             auto_release=body.auto_release,
             awaiting_workdir=body.awaiting_workdir,
+            plan=body.plan,
+            team=body.team,
+            start_when_cheap=body.start_when_cheap,
+            auto_renew=body.auto_renew,
             min_start_minutes=rt.settings.min_start_minutes,
             workspaces=rt.settings.workspaces_path,
         )
+        if body.datasets:
+            mounts.attach_datasets(session, user, instance, body.datasets)
         result = _public(request, session, instance)
     request.app.state.wake_reconcilers()
     return result

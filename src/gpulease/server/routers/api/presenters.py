@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog
-from gpulease.core.money import format_credits
-from gpulease.server.orm import Instance, LedgerTransaction
-from gpulease.server.schemas import InstancePublic, LedgerLine
+from gpulease.core.money import format_credits, ncu
+from gpulease.server.orm import Instance, InstanceDataset, LedgerTransaction
+from gpulease.server.schemas import Balance, InstancePublic, LedgerLine
 
 
 def instance_public(
@@ -32,6 +33,28 @@ def instance_public(
         queue_position=positions.get(instance.id),
         created_at=instance.created_at,
         started_at=instance.started_at,
+        plan=instance.plan,
+        team=team.name if (team := instance.team) is not None else None,
+        start_when_cheap=instance.start_when_cheap,
+        auto_renew=instance.auto_renew,
+        reserved_until=instance.reserved_until,
+        datasets={
+            row.name: row.version
+            for row in session.execute(
+                select(InstanceDataset.name, InstanceDataset.version)
+                .where(InstanceDataset.instance_id == instance.id)
+                .order_by(InstanceDataset.name)
+            )
+        },
+    )
+
+
+def balance_public(micro: int, catalog: Catalog) -> Balance:
+    return Balance(
+        balance_micro=micro,
+        balance=format_credits(micro, catalog.currency_symbol),
+        currency=catalog.currency_name,
+        ncu=f"{ncu(micro, catalog.ncu_reference_hourly_micro):.4f}",
     )
 
 

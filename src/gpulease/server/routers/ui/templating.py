@@ -44,7 +44,12 @@ class NavItem:
 
 
 # The top bar, in order. A new page adds itself here and passes its key as `page`.
-NAV: tuple[NavItem, ...] = (NavItem("dashboard", "Dashboard", "/"),)
+NAV: tuple[NavItem, ...] = (
+    NavItem("dashboard", "Dashboard", "/"),
+    NavItem("create", "Create", "/instances/new"),
+    NavItem("billing", "Billing", "/billing"),
+    NavItem("datasets", "Datasets", "/datasets"),
+)
 
 
 def ago(moment: datetime | None) -> str:

@@ -6,7 +6,7 @@ import re
 import shutil
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog, parse_accelerators
@@ -17,6 +17,7 @@ from gpulease.scheduler.fifo import Request, queue_positions
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, User
 from gpulease.server.services import ledger, nodes
+from gpulease.server.services.billing import limits, offpeak, plans, teams
 from gpulease.server.services.instances.states import (
     FAILED,
     QUEUED,
@@ -32,17 +33,44 @@ from gpulease.server.services.instances.states import (
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 
 
-def require_credit(
-    session: Session, user: User, hourly_micro: int, min_minutes: int, symbol: str
+def upfront_cost(catalog: Catalog, instance: Instance, min_minutes: int) -> int:
+    """What a start needs in the wallet: the daily block, or `min_minutes` at the rate."""
+    if instance.plan == plans.DAILY:
+        if plans.holds_reservation(instance, utcnow()):
+            return 0
+        return plans.block_price(catalog.get(instance.gpu_model), instance.gpu_count)
+    return cost_for_seconds(instance.hourly_micro, min_minutes * 60)
+
+
+def check_can_start(
+    session: Session, catalog: Catalog, instance: Instance, min_minutes: int
 ) -> None:
-    needed = cost_for_seconds(hourly_micro, min_minutes * 60)
-    balance = ledger.balance(session, user.id)
-    if balance <= 0 or balance < needed:
-        raise PaymentRequired(
-            f"not enough credit: this instance costs {format_credits(hourly_micro, symbol)}/h "
-            f"and needs {format_credits(needed, symbol)} for its first {min_minutes} minutes; "
-            f"your balance is {format_credits(balance, symbol)}. Ask an admin for credit."
+    """Refuse a start the wallet cannot pay for or that would break a spending cap."""
+    symbol = catalog.currency_symbol
+    needed = upfront_cost(catalog, instance, min_minutes)
+    balance = ledger.balance(session, instance.owner_id, instance.team_id)
+    wallet = "the team's balance" if instance.team_id else "your balance"
+    if needed and (balance <= 0 or balance < needed):
+        what = (
+            "a daily block costs"
+            if instance.plan == plans.DAILY
+            else f"this instance costs {format_credits(instance.hourly_micro, symbol)}/h and "
+            f"needs for its first {min_minutes} minutes"
         )
+        raise PaymentRequired(
+            f"not enough credit: {what} {format_credits(needed, symbol)}; "
+            f"{wallet} is {format_credits(balance, symbol)}. "
+            "Redeem a voucher or ask an admin for credit."
+        )
+    limits.check_start(
+        session,
+        instance.owner_id,
+        instance.team_id,
+        instance.hourly_micro,
+        needed,
+        utcnow(),
+        symbol,
+    )
 
 
 def create_instance(
@@ -57,13 +85,24 @@ def create_instance(
     min_start_minutes: int,
     workspaces: Path,
     awaiting_workdir: bool = False,
+    plan: str = plans.ON_DEMAND,
+    team: str | None = None,
+    start_when_cheap: bool = False,
+    auto_renew: bool = False,
 ) -> Instance:
     model_name, count = parse_accelerators(gpu)
     model_name = nodes.check_request_fits(session, catalog, model_name, count)
     entry = catalog.get(model_name)
     get_template(template)
-    hourly = entry.hourly_micro * max(count, 1)
-    require_credit(session, owner, hourly, min_start_minutes, catalog.currency_symbol)
+    plans.check_plan(plan)
+    if auto_renew and plan != plans.DAILY:
+        raise InvalidInput("auto-renew applies to the daily plan only; add --plan daily")
+    if start_when_cheap and not offpeak.list_windows(session):
+        raise InvalidInput(
+            "there are no off-peak windows on this server, so 'start when cheap' would wait "
+            "forever; leave it out"
+        )
+    team_id = teams.team_for_member(session, owner, team)[0].id if team else None
     if name is not None:
         if not NAME_RE.match(name):
             raise InvalidInput(
@@ -83,7 +122,11 @@ def create_instance(
         gpu_model=entry.name,
         gpu_count=count,
         template=template,
-        hourly_micro=hourly,
+        hourly_micro=plans.hourly_rate(entry, count, plan),
+        plan=plan,
+        team_id=team_id,
+        start_when_cheap=start_when_cheap,
+        auto_renew=auto_renew,
         status=QUEUED,
         desired_state="running",
         auto_release=auto_release,
@@ -93,6 +136,7 @@ def create_instance(
         created_at=now,
         updated_at=now,
     )
+    check_can_start(session, catalog, instance, min_start_minutes)
     session.add(instance)
     session.flush()
     if name is None:
@@ -129,7 +173,12 @@ def list_instances(
 def current_queue(session: Session) -> list[Request]:
     rows = session.scalars(
         select(Instance)
-        .where(Instance.status == QUEUED, Instance.awaiting_workdir.is_(False))
+        .where(
+            Instance.status == QUEUED,
+            Instance.awaiting_workdir.is_(False),
+            # a daily instance with a live reservation starts on its own GPUs, outside the queue
+            or_(Instance.reserved_until.is_(None), Instance.reserved_until <= utcnow()),
+        )
         .order_by(Instance.queued_at, Instance.id)
     )
     return [Request(i.id, i.gpu_model, i.gpu_count) for i in rows]
@@ -167,11 +216,7 @@ def start_instance(
     if instance.status == RELEASED:
         raise Conflict(f"instance {instance.name} was released; create a new one")
     nodes.check_request_fits(session, catalog, instance.gpu_model, instance.gpu_count)
-    owner = session.get(User, instance.owner_id)
-    assert owner is not None
-    require_credit(
-        session, owner, instance.hourly_micro, min_start_minutes, catalog.currency_symbol
-    )
+    check_can_start(session, catalog, instance, min_start_minutes)
     instance.desired_state = "running"
     switch_status(session, instance, QUEUED, "started by its owner")
 

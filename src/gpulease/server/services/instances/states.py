@@ -17,6 +17,7 @@ from gpulease.core.errors import Conflict
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Gpu, Instance, Run
 from gpulease.server.services import metering
+from gpulease.server.services.billing import plans
 
 QUEUED, STARTING, RUNNING, STOPPING, STOPPED, RELEASED, FAILED = (
     "queued",
@@ -83,25 +84,32 @@ def switch_status(
         instance.stop_requested_at = now
     if new in (STOPPED, FAILED, RELEASED) and old in HOLDS_GPUS:
         metering.close_segment(session, instance, at or now)
-        _free_gpus(session, instance)
         instance.runner_token_hash = None
         instance.runner_handle = None
         instance.runner_launched_at = None
         instance.stop_requested_at = None
-        instance.node_id = None
         instance.last_heartbeat_at = None
         instance.status_message = ""
+    if new in (STOPPED, FAILED):
+        instance.stopped_at = now
+        # a paid daily block keeps its GPUs reserved while stopped; release gives them up
+        if old in HOLDS_GPUS and not plans.holds_reservation(instance, now):
+            free_gpus(session, instance)
+    elif new == RELEASED:
+        free_gpus(session, instance)
     if new in (STOPPED, FAILED, RELEASED, QUEUED):
         _end_unfinished_runs(session, instance, reason or f"the instance went {new}")
 
 
-def _free_gpus(session: Session, instance: Instance) -> None:
+def free_gpus(session: Session, instance: Instance) -> None:
+    """Give the instance's GPUs back to the pool (also a daily reservation's, at its end)."""
     session.execute(
         update(Gpu)
         .where(Gpu.instance_id == instance.id)
         .values(instance_id=None)
         .execution_options(synchronize_session=False)
     )
+    instance.node_id = None
     session.expire(instance, ["gpus"])
 
 

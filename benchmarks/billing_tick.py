@@ -1,0 +1,145 @@
+"""A billing tick over N running instances (default 10,000): milliseconds per tick on SQLite
+and on PostgreSQL, beside a bare bulk insert of N rows into the same database in the same
+run (the floor any per-instance write has to stand on).
+
+    .venv/bin/python benchmarks/billing_tick.py [-n 10000] [--pg postgresql://root@127.0.0.1/test]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import create_engine, insert, text
+
+from gpulease.server.db import make_engine, make_sessionmaker, migrate, transaction, utcnow
+from gpulease.server.orm import Instance, Notification, UsageSegment, User
+
+
+def prepare(url: str, n: int) -> None:
+    engine = make_engine(url)
+    migrate(engine)
+    now = utcnow()
+    with engine.begin() as conn:
+        user_id = conn.execute(
+            insert(User).values(name="bench", password_hash="x", role="user", created_at=now)
+        ).inserted_primary_key[0]
+        conn.execute(
+            insert(Instance),
+            [
+                {
+                    "owner_id": user_id,
+                    "name": f"b{i}",
+                    "gpu_model": "T4",
+                    "gpu_count": 1,
+                    "template": "python",
+                    "hourly_micro": 250_000,
+                    "status": "running",
+                    "desired_state": "running",
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                for i in range(n)
+            ],
+        )
+        ids = [row[0] for row in conn.execute(text("SELECT id FROM instances ORDER BY id"))]
+        conn.execute(
+            insert(UsageSegment),
+            [
+                {
+                    "instance_id": i,
+                    "owner_id": user_id,
+                    "gpu_model": "T4",
+                    "gpu_count": 1,
+                    "hourly_micro": 250_000,
+                    "plan": "on_demand",
+                    "offpeak": {},
+                    "started_at": now - timedelta(hours=1),
+                    "billed_seconds": 0,
+                    "charged_micro": 0,
+                }
+                for i in ids
+            ],
+        )
+    engine.dispose()
+
+
+def tick_ms(url: str, rounds: int) -> list[float]:
+    from gpulease.server.services import metering
+
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    samples = []
+    for r in range(rounds):
+        started = time.perf_counter()
+        with transaction(sessions) as session:
+            metering.charge_open_segments(session, utcnow() + timedelta(seconds=60 * (r + 1)))
+        samples.append((time.perf_counter() - started) * 1000)
+    engine.dispose()
+    return samples
+
+
+def bulk_insert_ms(url: str, n: int, rounds: int) -> list[float]:
+    engine = make_engine(url)
+    samples = []
+    for r in range(rounds):
+        now = utcnow()
+        rows = [
+            {"user_id": 1, "kind": "bench", "message": f"{r}-{i}", "created_at": now}
+            for i in range(n)
+        ]
+        started = time.perf_counter()
+        with engine.begin() as conn:
+            conn.execute(insert(Notification), rows)
+        samples.append((time.perf_counter() - started) * 1000)
+    engine.dispose()
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("-n", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pg", default="postgresql+psycopg://root@127.0.0.1:5432/test")
+    args = parser.parse_args()
+    console = Console()
+    table = Table(title=f"billing tick over {args.n:,} running instances (median of {args.rounds})")
+    for col in ("database", "tick ms", "bulk insert ms", "tick / insert"):
+        table.add_column(col, justify="right" if col != "database" else "left")
+    with tempfile.TemporaryDirectory() as tmp:
+        targets = [("SQLite", f"sqlite:///{Path(tmp) / 'bench.db'}", None)]
+        name = f"gpulease_bench_{uuid.uuid4().hex[:8]}"
+        admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+            targets.append(("PostgreSQL", args.pg.rsplit("/", 1)[0] + "/" + name, name))
+        except Exception as exc:  # no server: report SQLite only, and say so
+            console.print(f"[yellow]PostgreSQL skipped: {exc}")
+        try:
+            for label, url, _ in targets:
+                with console.status(f"{label}: preparing {args.n:,} instances"):
+                    prepare(url, args.n)
+                with console.status(f"{label}: ticking"):
+                    ticks = tick_ms(url, args.rounds)
+                    inserts = bulk_insert_ms(url, args.n, args.rounds)
+                t, b = statistics.median(ticks), statistics.median(inserts)
+                table.add_row(label, f"{t:,.0f}", f"{b:,.0f}", f"{t / b:.1f}×")
+        finally:
+            for _, _, db in targets:
+                if db:
+                    with admin.connect() as conn:
+                        conn.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+            admin.dispose()
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""`gpulease estimate`: what training an image classifier would take on each GPU model."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated
+
+import typer
+
+from gpulease.cli.connection import logged_in_client
+from gpulease.cli.output import (
+    OutputFormat,
+    OutputOption,
+    add_row,
+    console,
+    note,
+    print_json,
+    show_table,
+    table,
+)
+from gpulease.core.estimates import MODELS
+
+
+def wall_time(seconds: int) -> str:
+    """'45 s', '20 min', '3 h 12 min', '2 d 4 h'."""
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+def ncu_text(value: str) -> str:
+    amount = Decimal(value)
+    if 0 < amount < Decimal("0.0001"):
+        return "<0.0001"
+    return f"{amount:.4f}"
+
+
+MODEL_HELP = "one of: " + ", ".join(m.name for m in MODELS)
+
+
+def estimate(
+    model: Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)],
+    images: Annotated[int, typer.Option("--images", help="training images per epoch")],
+    epochs: Annotated[int, typer.Option("--epochs", help="passes over the images")],
+    image_size: Annotated[int, typer.Option("--image-size", help="pixels per side")] = 224,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs per instance")] = 1,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Expected GPU-hours, wall time, NCU and cost of training an image classifier, for
+    every GPU model in this server's catalog, at its prices."""
+    with logged_in_client() as client:
+        found = client.estimate(model, images, epochs, image_size=image_size, gpus=gpus)
+    if output is OutputFormat.json:
+        print_json(found)
+        return
+    title = (
+        f"{found.model}: {found.images:,} images × {found.epochs:,} epochs at "
+        f"{found.image_size}×{found.image_size}, {found.gpus} GPU"
+        + ("s" if found.gpus > 1 else "")
+        + f" ({found.total_pflops:,.1f} PFLOP)"
+    )
+    result = table("GPU", "IMG/S", "GPU-HOURS", "WALL TIME", "NCU", "COST", "BASIS", title=title)
+    for row in found.rows:
+        name = row.gpu_model if row.is_gpu else f"{row.gpu_model} (rough)"
+        if row.is_gpu and row.devices > 1:
+            name = f"{row.gpu_model} × {row.devices}"
+        add_row(
+            result,
+            name,
+            f"{row.images_per_second:,.0f}",
+            f"{row.gpu_hours:,.3f}",
+            wall_time(row.wall_seconds),
+            ncu_text(row.ncu),
+            row.cost,
+            row.basis,
+        )
+    show_table(result, empty="the catalog has no models to estimate")
+    if found.gpus > 1:
+        console().print(
+            f"{found.gpus} GPUs at {found.scaling_efficiency:.0%} scaling efficiency",
+            markup=False,
+        )
+    for line in found.notes:
+        note(line)

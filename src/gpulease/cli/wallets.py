@@ -1,0 +1,271 @@
+"""Plans and their rules, vouchers, spending caps, teams and off-peak windows."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpulease.cli.connection import logged_in_client
+from gpulease.cli.output import (
+    OutputFormat,
+    OutputOption,
+    add_row,
+    console,
+    print_json,
+    show_fields,
+    show_table,
+    table,
+    when,
+)
+from gpulease.core.money import format_credits
+from gpulease.server.schemas import LimitsPublic, TeamPublic
+
+
+def _money(micro: int | None) -> str:
+    return "-" if micro is None else format_credits(micro, "")
+
+
+def plans(
+    gpu: Annotated[str, typer.Argument(help="MODEL:COUNT, e.g. A100-80GB:2")],
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Prices of each plan for a GPU request, and the rules you accept by choosing one."""
+    with logged_in_client() as client:
+        quotes = client.plans(gpu)
+    if output is OutputFormat.json:
+        print_json(quotes)
+        return
+    result = table("PLAN", "PER HOUR", "NCU/H", "BLOCK", "RULES")
+    for q in quotes:
+        add_row(result, q.plan, q.hourly, q.hourly_ncu, _money(q.block_micro), q.rules)
+    show_table(result, empty="no plans")
+
+
+def offpeak(output: OutputOption = OutputFormat.table) -> None:
+    """Off-peak windows: when GPUs cost less."""
+    with logged_in_client() as client:
+        windows = client.offpeak_windows()
+    if output is OutputFormat.json:
+        print_json(windows)
+        return
+    result = table("ID", "DAYS", "FROM", "TO", "DISCOUNT", "ZONE")
+    for w in windows:
+        add_row(result, w.id, ",".join(w.weekdays), w.start, w.end, f"{w.discount_percent}%", w.tz)
+    show_table(result, empty="no off-peak windows on this server")
+
+
+voucher_app = typer.Typer(help="Redeem credit vouchers.", no_args_is_help=True)
+
+
+@voucher_app.command("redeem")
+def redeem(code: Annotated[str, typer.Argument(help="the voucher code")]) -> None:
+    """Add a voucher's credit to your wallet."""
+    with logged_in_client() as client:
+        found = client.redeem_voucher(code)
+    console().print(f"redeemed; your balance is {found.balance} {found.currency}", markup=False)
+
+
+limits_app = typer.Typer(help="Your spending caps and low-balance warning.", no_args_is_help=True)
+
+
+def _show_limits(found: LimitsPublic, output: OutputFormat) -> None:
+    if output is OutputFormat.json:
+        print_json(found)
+        return
+    show_fields(
+        [
+            ("max hourly spend", _money(found.effective_max_hourly_micro)),
+            ("  set by you", _money(found.max_hourly_micro)),
+            ("  admin ceiling", _money(found.admin_max_hourly_micro)),
+            ("monthly budget", _money(found.effective_monthly_budget_micro)),
+            ("  set by you", _money(found.monthly_budget_micro)),
+            ("  admin ceiling", _money(found.admin_monthly_budget_micro)),
+            ("low-balance warning", _money(found.low_balance_micro)),
+            ("spending now, per hour", _money(found.hourly_spend_micro)),
+            ("spent this month", _money(found.month_spend_micro)),
+        ]
+    )
+
+
+@limits_app.command("show")
+def show_limits(output: OutputOption = OutputFormat.table) -> None:
+    """Your caps and what you spend against them."""
+    with logged_in_client() as client:
+        _show_limits(client.limits(), output)
+
+
+@limits_app.command("set")
+def set_limits(
+    max_hourly: Annotated[
+        str | None, typer.Option("--max-hourly", help="most you may spend per hour")
+    ] = None,
+    monthly_budget: Annotated[
+        str | None, typer.Option("--monthly-budget", help="most you may spend a month")
+    ] = None,
+    low_balance: Annotated[
+        str | None, typer.Option("--low-balance", help="warn when the balance falls below")
+    ] = None,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Set your caps (leave an option out to remove that cap)."""
+    with logged_in_client() as client:
+        _show_limits(
+            client.set_limits(
+                max_hourly=max_hourly, monthly_budget=monthly_budget, low_balance=low_balance
+            ),
+            output,
+        )
+
+
+team_app = typer.Typer(help="Teams: a shared wallet and its members.", no_args_is_help=True)
+
+
+def _show_team(team: TeamPublic, output: OutputFormat) -> None:
+    if output is OutputFormat.json:
+        print_json(team)
+        return
+    console().print(f"team {team.name} (owner {team.owner}), balance {team.balance}", markup=False)
+    result = table("MEMBER", "MONTHLY LIMIT", "SPENT THIS MONTH")
+    for m in team.members:
+        add_row(result, m.user, _money(m.monthly_limit_micro), _money(m.month_spend_micro))
+    show_table(result, empty="no members")
+
+
+@team_app.command("create")
+def create_team(name: str, output: OutputOption = OutputFormat.table) -> None:
+    """Create a team; you own it and its wallet."""
+    with logged_in_client() as client:
+        _show_team(client.create_team(name), output)
+
+
+@team_app.command("ls")
+def list_teams(output: OutputOption = OutputFormat.table) -> None:
+    """Teams you belong to."""
+    with logged_in_client() as client:
+        found = client.teams()
+    if output is OutputFormat.json:
+        print_json(found)
+        return
+    result = table("TEAM", "OWNER", "BALANCE", "MEMBERS")
+    for t in found:
+        add_row(result, t.name, t.owner, t.balance, len(t.members))
+    show_table(result, empty="you are in no team")
+
+
+@team_app.command("show")
+def show_team(name: str, output: OutputOption = OutputFormat.table) -> None:
+    """A team's balance and each member's spending (owners see everyone)."""
+    with logged_in_client() as client:
+        _show_team(client.team(name), output)
+
+
+@team_app.command("add")
+def add_member(
+    team: str,
+    user: str,
+    monthly_limit: Annotated[
+        str | None, typer.Option("--monthly-limit", help="most they may spend a month")
+    ] = None,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Add a member (or change their limit). Owners only."""
+    with logged_in_client() as client:
+        _show_team(client.set_team_member(team, user, monthly_limit), output)
+
+
+@team_app.command("rm")
+def remove_member(team: str, user: str) -> None:
+    """Remove a member. Owners only."""
+    with logged_in_client() as client:
+        client.remove_team_member(team, user)
+    console().print(f"removed {user} from {team}", markup=False)
+
+
+# -- admin ---------------------------------------------------------------------------------
+
+
+def admin_offpeak_add(
+    start: Annotated[str, typer.Argument(help="HH:MM, operator's time zone")],
+    end: Annotated[str, typer.Argument(help="HH:MM; before start = past midnight")],
+    discount: Annotated[str, typer.Argument(help="percent off, e.g. 40")],
+    days: Annotated[str, typer.Option("--days", help="mon-fri, sat,sun or all")] = "all",
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Add an off-peak window (segments opened from now on get its discount)."""
+    with logged_in_client() as client:
+        w = client.admin_add_offpeak(days, start, end, discount)
+    if output is OutputFormat.json:
+        print_json(w)
+        return
+    console().print(
+        f"window {w.id}: {','.join(w.weekdays)} {w.start}-{w.end} {w.tz}, "
+        f"{w.discount_percent}% off",
+        markup=False,
+    )
+
+
+def admin_offpeak_rm(window_id: int) -> None:
+    """Remove an off-peak window."""
+    with logged_in_client() as client:
+        client.admin_remove_offpeak(window_id)
+    console().print(f"removed window {window_id}", markup=False)
+
+
+def admin_voucher_create(
+    amount: Annotated[str, typer.Argument(help="credits, e.g. 25.00")],
+    code: Annotated[str | None, typer.Option("--code", help="default: generated")] = None,
+    expires: Annotated[
+        str | None, typer.Option("--expires", help="ISO date/time, e.g. 2026-12-31T23:59Z")
+    ] = None,
+    uses: Annotated[int, typer.Option("--uses", help="how many redemptions in all")] = 1,
+    per_user: Annotated[int, typer.Option("--per-user", help="redemptions per user")] = 1,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Issue a voucher."""
+    with logged_in_client() as client:
+        v = client.admin_create_voucher(
+            amount, code=code, expires_at=expires, max_redemptions=uses, per_user_limit=per_user
+        )
+    if output is OutputFormat.json:
+        print_json(v)
+        return
+    console().print(f"voucher {v.code}: {v.amount}, {v.max_redemptions} use(s)", markup=False)
+
+
+def admin_voucher_ls(output: OutputOption = OutputFormat.table) -> None:
+    """Issued vouchers and their use."""
+    with logged_in_client() as client:
+        found = client.admin_vouchers()
+    if output is OutputFormat.json:
+        print_json(found)
+        return
+    result = table("CODE", "AMOUNT", "USED", "EXPIRES")
+    for v in found:
+        add_row(result, v.code, v.amount, f"{v.used}/{v.max_redemptions}", when(v.expires_at))
+    show_table(result, empty="no vouchers")
+
+
+def admin_limits(
+    user: str,
+    max_hourly: Annotated[str | None, typer.Option("--max-hourly")] = None,
+    monthly_budget: Annotated[str | None, typer.Option("--monthly-budget")] = None,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Set a user's ceilings (leave an option out to remove it)."""
+    with logged_in_client() as client:
+        _show_limits(
+            client.admin_set_limits(user, max_hourly=max_hourly, monthly_budget=monthly_budget),
+            output,
+        )
+
+
+def admin_grant_team(
+    team: str,
+    amount: Annotated[str, typer.Argument(help="credits, e.g. 100.00")],
+    memo: Annotated[str, typer.Option("--memo")] = "admin grant",
+) -> None:
+    """Give a team's wallet credit."""
+    with logged_in_client() as client:
+        line = client.admin_grant_team(team, amount, memo=memo)
+    console().print(f"granted {line.amount} to team {team}", markup=False)

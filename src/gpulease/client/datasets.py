@@ -1,0 +1,256 @@
+"""Pushing a directory as a dataset: scan it, hash it, send what the server lacks, commit.
+
+Built for 100,000 small files: the file list goes in parts of a few thousand files, each
+answered with the chunks the server does not have yet; those go many per request (chunk
+packs), on a few threads while the next part is being hashed. Run it again after an
+interruption and only what is missing is sent.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from gpulease.client.errors import ClientError
+from gpulease.core.datasets import check_dataset_name, path_problem
+from gpulease.core.errors import InvalidInput
+from gpulease.server.schemas import DatasetChunksReceived, DatasetPublic
+from gpulease.storage.chunking import ChunkRef, chunk_digests, file_chunks, pack, read_chunk
+
+if TYPE_CHECKING:
+    from gpulease.client.api import GpuleaseClient
+
+PART_FILES = 2000
+PACK_BYTES = 8 * 1024 * 1024
+PACK_CHUNKS = 4000
+UPLOAD_THREADS = 2
+HASH_THREADS = 2
+# Files up to this size are kept in memory between hashing and sending (one part's worth).
+_KEEP_BYTES = 64 * 1024
+
+
+class DatasetError(ClientError):
+    """A directory that cannot be pushed as it is: a path, link or file type is refused."""
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    path: str  # inside the dataset: relative, '/'-separated
+    source: Path
+    size: int
+
+
+def _refuse(root: Path, relative: str, why: str) -> DatasetError:
+    return DatasetError(f"cannot push {root / relative}: {why}")
+
+
+def scan_directory(root: Path) -> list[LocalFile]:
+    """The files under root, sorted by path. Refuses (DatasetError, naming the file) paths
+    with control characters or that are not UTF-8, links that lead outside root or to a
+    directory, and anything that is not a regular file. A link to a file inside root is
+    pushed as a copy of that file."""
+    if not root.is_dir():
+        raise DatasetError(f"{root} is not a directory")
+    top = root.resolve()
+    found: list[LocalFile] = []
+    for directory, subdirs, names in os.walk(root):
+        here = Path(directory)
+        relative_dir = here.relative_to(root).as_posix()
+        prefix = "" if relative_dir == "." else relative_dir + "/"
+        for sub in sorted(subdirs):
+            if (here / sub).is_symlink():
+                raise _refuse(
+                    root,
+                    prefix + sub,
+                    "it is a link to a directory; links to directories are not followed "
+                    "(copy the directory in, or push it as a dataset of its own)",
+                )
+        subdirs.sort()
+        for name in sorted(names):
+            relative = prefix + name
+            problem = path_problem(relative)
+            if problem:
+                raise _refuse(root, relative, problem)
+            source = here / name
+            info = source.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                target = source.resolve()
+                if not target.is_relative_to(top):
+                    raise _refuse(
+                        root, relative, f"it is a link to {target}, outside the directory"
+                    )
+                if not target.exists():
+                    raise _refuse(root, relative, "it is a link to nothing (a broken link)")
+                info = target.stat()
+            if not stat.S_ISREG(info.st_mode):
+                raise _refuse(root, relative, "it is not a regular file (a device, pipe or socket)")
+            found.append(LocalFile(relative, source, info.st_size))
+    found.sort(key=lambda f: f.path)
+    return found
+
+
+class PushProgress(Protocol):
+    """What a push reports as it goes (the CLI draws a progress bar from it). A callback
+    may raise (KeyboardInterrupt, say) to stop the push; pushing again resumes it."""
+
+    def started(self, files: int, size: int) -> None: ...
+
+    def advanced(self, files: int, size: int) -> None:
+        """files and size more are done: known to the server, or sent to it."""
+        ...
+
+
+@dataclass
+class PushResult:
+    dataset: DatasetPublic
+    push_id: int
+    files: int
+    size: int
+    sent_chunks: int
+    sent_bytes: int
+    seconds: float
+
+
+@dataclass
+class _Part:
+    files: list[LocalFile]
+    chunks: list[list[ChunkRef]]
+    kept: dict[str, bytes] = field(default_factory=dict)
+
+
+def _hash_file(local: LocalFile) -> tuple[list[ChunkRef], bytes | None]:
+    """A file's chunks, and its bytes when it is small enough to keep until it is sent."""
+    try:
+        if local.size <= _KEEP_BYTES:
+            data = local.source.read_bytes()
+            refs, kept = chunk_digests(data), data
+        else:
+            refs, kept = file_chunks(local.source), None
+    except OSError as exc:
+        raise DatasetError(f"cannot read {local.source}: {exc.strerror or exc}") from exc
+    if sum(ref.size for ref in refs) != local.size:
+        raise DatasetError(f"{local.source} changed while it was being pushed; push again")
+    return refs, kept
+
+
+def _hash_part(files: list[LocalFile], readers: ThreadPoolExecutor) -> _Part:
+    part = _Part(files, [])
+    for refs, kept in readers.map(_hash_file, files, chunksize=64):
+        part.chunks.append(refs)
+        if kept and refs:
+            part.kept[refs[0].sha256] = kept
+    return part
+
+
+def _parts(files: list[LocalFile], size: int) -> Iterator[list[LocalFile]]:
+    for start in range(0, len(files), size):
+        yield files[start : start + size]
+
+
+def push_directory(
+    client: GpuleaseClient,
+    root: Path,
+    name: str,
+    *,
+    progress: PushProgress | None = None,
+    part_files: int = PART_FILES,
+    pack_bytes: int = PACK_BYTES,
+    threads: int = UPLOAD_THREADS,
+) -> PushResult:
+    """Push root as a new version of dataset `name` and return what happened."""
+    try:
+        check_dataset_name(name)
+    except InvalidInput as exc:
+        raise DatasetError(exc.message) from None
+    started = time.monotonic()
+    files = scan_directory(root)
+    total = sum(f.size for f in files)
+    if progress is not None:
+        progress.started(len(files), total)
+    push = client.start_push(name, files=len(files), size=total)
+    queued: set[str] = set()  # chunks on their way in this push: send each once
+    sent = [0, 0]
+    in_flight: set[Future[DatasetChunksReceived]] = set()
+
+    def send(records: list[tuple[str, bytes]]) -> DatasetChunksReceived:
+        return client.push_chunks(name, push.id, pack(records))
+
+    def settle(block: bool) -> None:
+        while in_flight and (block or len(in_flight) >= threads * 2):
+            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in done:
+                in_flight.discard(future)
+                received = future.result()
+                sent[0] += received.chunks
+                sent[1] += received.bytes
+                if progress is not None:
+                    progress.advanced(0, received.bytes)
+
+    pool = ThreadPoolExecutor(max_workers=max(threads, 1), thread_name_prefix="push")
+    readers = ThreadPoolExecutor(max_workers=HASH_THREADS, thread_name_prefix="hash")
+    ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hash-ahead")
+    try:
+        part_count = 0
+        batches = list(_parts(files, part_files))
+        coming = ahead.submit(_hash_part, batches[0], readers) if batches else None
+        for number, batch in enumerate(batches):
+            assert coming is not None
+            part = coming.result()
+            if number + 1 < len(batches):  # hash the next part while this one is sent
+                coming = ahead.submit(_hash_part, batches[number + 1], readers)
+            entries = [
+                {"path": f.path, "size": f.size, "chunks": [r.sha256 for r in refs]}
+                for f, refs in zip(part.files, part.chunks, strict=True)
+            ]
+            answer = client.push_files(name, push.id, number, entries)
+            part_count = number + 1
+            missing = set(answer.missing) - queued
+            queued |= missing
+            records: list[tuple[str, bytes]] = []
+            records_size = 0
+            known = 0
+            for local, refs in zip(part.files, part.chunks, strict=True):
+                for index, ref in enumerate(refs):
+                    if ref.sha256 not in missing:
+                        known += ref.size
+                        continue
+                    missing.discard(ref.sha256)
+                    data = part.kept.get(ref.sha256)
+                    if data is None:
+                        data = read_chunk(local.source, index)
+                    if len(data) != ref.size:
+                        raise DatasetError(
+                            f"{local.source} changed while it was being pushed; push again"
+                        )
+                    records.append((ref.sha256, data))
+                    records_size += len(data)
+                    if records_size >= pack_bytes or len(records) >= PACK_CHUNKS:
+                        settle(block=False)
+                        in_flight.add(pool.submit(send, records))
+                        records, records_size = [], 0
+            if records:
+                settle(block=False)
+                in_flight.add(pool.submit(send, records))
+            if progress is not None:
+                progress.advanced(len(batch), known)
+        settle(block=True)
+        dataset = client.commit_push(name, push.id, parts=part_count, files=len(files), size=total)
+    finally:
+        ahead.shutdown(wait=True, cancel_futures=True)
+        readers.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)
+    return PushResult(
+        dataset=dataset,
+        push_id=push.id,
+        files=len(files),
+        size=total,
+        sent_chunks=sent[0],
+        sent_bytes=sent[1],
+        seconds=time.monotonic() - started,
+    )

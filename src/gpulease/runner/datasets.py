@@ -1,0 +1,350 @@
+"""Materialising the datasets an instance mounts: each version once per node, read-only.
+
+The contract with the rest of the runner: the agent calls materialise() before /ready and
+keeps the mapping as `self.dataset_dirs` (name -> read-only host directory); the sandbox
+binds each at /data/NAME read-only. Without the sandbox, jobs find them through
+GPULEASE_DATASETS_DIR (a directory of links named after the datasets).
+
+A version lands in <dataset_cache>/<owner>-<dataset id>-v<version>/: built in a temporary
+directory beside it and renamed into place when complete, under a file lock, so instances
+that start together on one node fetch it once and none ever sees half of it. Every chunk is
+opened with its own key (AES-256-GCM, bound to its owner and hash) and its SHA-256 checked.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from gpulease.backends.base import RunnerSpec
+from gpulease.core.datasets import check_dataset_name, path_problem, tree_conflict
+from gpulease.core.errors import InvalidInput
+from gpulease.runner.connection import Connection
+from gpulease.storage.chunking import CHUNK_SIZE, PackError, unpack
+from gpulease.storage.crypto import IntegrityError, open_sealed
+
+log = logging.getLogger(__name__)
+
+API = "/runner/v1/datasets"
+FETCH_CHUNKS = 2048
+FETCH_BYTES = 32 * 1024 * 1024
+LINKS_DIR = "data"
+_PROGRESS_EVERY_S = 1.0
+_LOCK_POLL_S = 0.2
+
+
+class DatasetError(Exception):
+    """A mounted dataset cannot be materialised; the runner fails the instance with this."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class MountedVersion:
+    name: str
+    dataset_id: int
+    owner_id: int
+    version: int
+    file_count: int
+    size_bytes: int
+
+    @property
+    def directory_name(self) -> str:
+        return f"{self.owner_id}-{self.dataset_id}-v{self.version}"
+
+
+def cache_dir(spec: RunnerSpec) -> Path:
+    return spec.dataset_cache or spec.run_dir.parent.parent / "datasets"
+
+
+def links_dir(spec: RunnerSpec) -> Path:
+    """GPULEASE_DATASETS_DIR for unsandboxed jobs: NAME -> the materialised version."""
+    return spec.run_dir / LINKS_DIR
+
+
+def chunk_aad(owner_id: int, sha256: str) -> bytes:
+    """The same binding the server seals chunks with (services/datasets/vault.py)."""
+    return f"gpulease/chunk/{owner_id}/{sha256}".encode()
+
+
+def _json(response: Any, what: str) -> Any:
+    if response.status_code != 200:
+        raise DatasetError(f"{what}: the server answered HTTP {response.status_code}")
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise DatasetError(f"{what}: the server's answer is not JSON") from exc
+
+
+def mounted_versions(connection: Connection) -> list[MountedVersion]:
+    response = connection.call("GET", API, timeout=60)
+    if response.status_code == 404:
+        return []  # a server from before datasets
+    data = _json(response, "listing the instance's datasets")
+    try:
+        return [
+            MountedVersion(
+                name=str(item["name"]),
+                dataset_id=int(item["dataset_id"]),
+                owner_id=int(item["owner_id"]),
+                version=int(item["version"]),
+                file_count=int(item["file_count"]),
+                size_bytes=int(item["size_bytes"]),
+            )
+            for item in data["datasets"]
+        ]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DatasetError(f"the server's list of datasets is malformed: {exc}") from exc
+
+
+def materialise(
+    spec: RunnerSpec, connection: Connection, progress: Callable[[str], None]
+) -> dict[str, Path]:
+    """Make every dataset the instance mounts available on this node, read-only, and return
+    name -> host directory. progress(message) is told how it goes (and may raise to stop)."""
+    mounts = mounted_versions(connection)
+    if not mounts:
+        return {}
+    root = cache_dir(spec)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    found: dict[str, Path] = {}
+    for mount in mounts:
+        try:
+            check_dataset_name(mount.name)
+        except InvalidInput as exc:
+            raise DatasetError(exc.message) from None
+        found[mount.name] = _ensure_version(root, mount, connection, progress)
+    _link(links_dir(spec), found)
+    return found
+
+
+def _link(directory: Path, found: dict[str, Path]) -> None:
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for entry in directory.iterdir():
+        if entry.is_symlink() and entry.name not in found:
+            entry.unlink()
+    for name, target in found.items():
+        link = directory / name
+        temporary = directory / f".{name}.{secrets.token_hex(4)}"
+        temporary.symlink_to(target, target_is_directory=True)
+        temporary.replace(link)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, progress: Callable[[str], None], what: str) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with path.open("a") as handle:
+        told = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told:
+                    progress(f"waiting for another instance on this node to fetch {what}")
+                    told = True
+                time.sleep(_LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _ensure_version(
+    root: Path, mount: MountedVersion, connection: Connection, progress: Callable[[str], None]
+) -> Path:
+    final = root / mount.directory_name
+    what = f"dataset {mount.name} v{mount.version}"
+    if final.is_dir():
+        return final
+    with _locked(root / ".locks" / f"{mount.directory_name}.lock", progress, what):
+        if final.is_dir():
+            return final  # another runner finished it while we waited
+        building = root / f".building-{mount.directory_name}-{secrets.token_hex(4)}"
+        building.mkdir(mode=0o700)
+        try:
+            _build(building, mount, connection, progress, what)
+            _make_read_only(building)
+            building.replace(final)
+        except BaseException:
+            _remove_tree(building)
+            raise
+    log.info("materialised %s in %s", what, final)
+    return final
+
+
+def _remove_tree(path: Path) -> None:
+    for directory, _, _ in os.walk(path):
+        with contextlib.suppress(OSError):
+            os.chmod(directory, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _make_read_only(root: Path) -> None:
+    for directory, _, names in os.walk(root, topdown=False):
+        for name in names:
+            os.chmod(os.path.join(directory, name), 0o444)
+        os.chmod(directory, 0o555)
+
+
+@dataclass(frozen=True)
+class _File:
+    path: str
+    size: int
+    chunks: tuple[str, ...]
+
+
+def _manifest(
+    connection: Connection, mount: MountedVersion, what: str
+) -> tuple[list[_File], dict[str, bytes]]:
+    path = f"{API}/{mount.dataset_id}/versions/{mount.version}/manifest"
+    data = _json(connection.call("GET", path, timeout=300), f"fetching the file list of {what}")
+    try:
+        files = [_File(str(p), int(s), tuple(str(c) for c in cs)) for p, s, cs in data["files"]]
+        keys = {str(sha): base64.b64decode(key) for sha, key in data["keys"].items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DatasetError(f"the file list of {what} is malformed: {exc}") from exc
+    for f in files:
+        problem = path_problem(f.path)
+        if problem:
+            raise DatasetError(f"{what} lists the path {f.path!r}, which is refused: {problem}")
+        if len(f.chunks) != -(-f.size // CHUNK_SIZE):
+            raise DatasetError(f"{what}: {f.path!r} has the wrong number of chunks")
+        missing = [sha for sha in f.chunks if sha not in keys]
+        if missing:
+            raise DatasetError(f"{what}: the server sent no key for chunk {missing[0]}")
+    conflict = tree_conflict([f.path for f in files])
+    if conflict:
+        raise DatasetError(f"{what}: its files do not make a directory tree: {conflict}")
+    return files, keys
+
+
+def _batches(files: list[_File]) -> Iterator[list[tuple[int, str, int]]]:
+    """(file index, chunk sha, chunk size) in file order, a request's worth at a time."""
+    batch: list[tuple[int, str, int]] = []
+    size = 0
+    for index, f in enumerate(files):
+        for number, sha in enumerate(f.chunks):
+            length = min(CHUNK_SIZE, f.size - number * CHUNK_SIZE)
+            if batch and (len(batch) >= FETCH_CHUNKS or size + length > FETCH_BYTES):
+                yield batch
+                batch, size = [], 0
+            batch.append((index, sha, length))
+            size += length
+    if batch:
+        yield batch
+
+
+class _TreeWriter:
+    """Writes the files of a manifest in order as their chunks arrive; a file without
+    chunks (empty) is created when the writer passes it."""
+
+    def __init__(self, root: Path, files: list[_File]) -> None:
+        self.root = root
+        self.files = files
+        self.next = 0  # the first file not opened yet
+        self.current: IO[bytes] | None = None
+        self.current_index = -1
+
+    def _open(self, index: int) -> IO[bytes]:
+        target = self.root / self.files[index].path
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return target.open("xb")
+
+    def _advance_to(self, index: int) -> None:
+        if self.current is not None:
+            self.current.close()
+            self.current = None
+        while self.next < index:
+            self._open(self.next).close()  # files between hold no chunks: empty
+            self.next += 1
+        if index < len(self.files):
+            self.current = self._open(index)
+            self.current_index = index
+            self.next = index + 1
+
+    def write(self, index: int, data: bytes) -> None:
+        if index != self.current_index:
+            self._advance_to(index)
+        assert self.current is not None
+        self.current.write(data)
+
+    def finish(self) -> None:
+        self._advance_to(len(self.files))
+
+
+def _build(
+    target: Path,
+    mount: MountedVersion,
+    connection: Connection,
+    progress: Callable[[str], None],
+    what: str,
+) -> None:
+    progress(f"fetching {what}: the file list")
+    files, keys = _manifest(connection, mount, what)
+    total = sum(f.size for f in files)
+    writer = _TreeWriter(target, files)
+    done = 0
+    started = last = time.monotonic()
+    path = f"{API}/{mount.dataset_id}/versions/{mount.version}/chunks"
+    try:
+        for batch in _batches(files):
+            wanted = list(dict.fromkeys(sha for _, sha, _ in batch))
+            response = connection.call("POST", path, json={"chunks": wanted}, timeout=300)
+            if response.status_code != 200:
+                raise DatasetError(
+                    f"fetching {what}: the server answered HTTP {response.status_code}: "
+                    f"{response.text[:300]}"
+                )
+            plain = _open_chunks(response.content, keys, mount.owner_id, wanted, what)
+            for index, sha, length in batch:
+                data = plain[sha]
+                if len(data) != length:
+                    raise DatasetError(f"{what}: chunk {sha} has {len(data)} bytes, not {length}")
+                writer.write(index, data)
+                done += length
+            now = time.monotonic()
+            if now - last >= _PROGRESS_EVERY_S:
+                last = now
+                rate = done / max(now - started, 1e-6) / 1e6
+                progress(f"fetching {what}: {done * 100 // max(total, 1)}% ({rate:.0f} MB/s)")
+        writer.finish()
+    finally:
+        if writer.current is not None:
+            writer.current.close()
+
+
+def _open_chunks(
+    body: bytes, keys: dict[str, bytes], owner_id: int, wanted: list[str], what: str
+) -> dict[str, bytes]:
+    plain: dict[str, bytes] = {}
+    try:
+        for sha, sealed in unpack(body):
+            if sha not in keys:
+                raise DatasetError(f"{what}: the server sent chunk {sha}, which was not asked for")
+            try:
+                data = open_sealed(keys[sha], sealed, chunk_aad(owner_id, sha), f"chunk {sha}")
+            except IntegrityError as exc:
+                raise DatasetError(f"{what}: {exc.message}") from exc
+            if hashlib.sha256(data).hexdigest() != sha:
+                raise DatasetError(f"{what}: chunk {sha} does not match its SHA-256")
+            plain[sha] = data
+    except PackError as exc:
+        raise DatasetError(f"{what}: a malformed chunk pack from the server: {exc}") from exc
+    lacking = [sha for sha in wanted if sha not in plain]
+    if lacking:
+        raise DatasetError(f"{what}: the server did not send chunk {lacking[0]}")
+    return plain

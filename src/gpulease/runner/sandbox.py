@@ -1,0 +1,314 @@
+"""The bubblewrap sandbox around every run: what a job can see, and the check that it works.
+
+A sandboxed run sees a root built from scratch: system directories (`/usr`, the `/bin` and
+`/lib*` links or directories, a short list of `/etc` files) and the Python install its venv
+points at, all read-only; the template venv read-only at its own path (its scripts name it);
+its workspace read-write at `/workspace` (also its working directory and `HOME`); each of its
+datasets read-only at `/data/<name>`; a private `/tmp`, `/dev/shm`, `/proc` (its own PID
+namespace: it sees only its own processes) and `/dev` with only its own GPUs' device nodes.
+Nothing else of the host exists in there: not the server's data directory (database, keys,
+runner files, other workspaces, blobs), not other tenants' datasets, not `/root` or `/home`.
+
+It keeps the host's network (jobs pip install and download data), so whatever listens on the
+host, loopback included, is reachable from a job: services there must require credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+BWRAP = "/usr/bin/bwrap"
+WORKSPACE = "/workspace"
+DATA_ROOT = "/data"
+PROBE_TIMEOUT_S = 20.0
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# The namespaces every run gets. The network is shared on purpose (see the module docstring).
+NAMESPACE_ARGS = (
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop",
+    "ALL",
+)
+_TOP_LEVEL_SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# What of /etc a job needs: name resolution, users, TLS roots, the dynamic linker, the time
+# zone, and the operator's pip configuration. Never shadow, sudoers, ssh keys or the like.
+ETC_ENTRIES = (
+    "resolv.conf",
+    "hosts",
+    "host.conf",
+    "nsswitch.conf",
+    "gai.conf",
+    "passwd",
+    "group",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "protocols",
+    "services",
+    "mime.types",
+    "os-release",
+    "pip.conf",
+)
+# /sys: only what thread pools and NUMA-aware allocators read. Not the PCI tree, whose
+# resource files would map other tenants' GPUs.
+SYS_ENTRIES = ("devices/system/cpu", "devices/system/node")
+GPU_SHARED_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+# The runner's variables a job inherits in the sandbox; everything else of the runner's
+# environment (which may hold the operator's credentials) stays out.
+PASSED_VARIABLES = ("LANG", "LANGUAGE", "TZ", "TERM", "SSL_CERT_FILE", "SSL_CERT_DIR")
+_PASSED_PREFIXES = ("LC_",)
+_PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+_DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SIGNAL_EXIT_BASE = 128
+_MAX_SIGNAL = 64
+
+
+class SandboxError(Exception):
+    """The sandbox cannot be set up; the message says why and what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def find_bwrap() -> str | None:
+    """Debian's /usr/bin/bwrap, else a bwrap on PATH; None when there is none."""
+    if os.access(BWRAP, os.X_OK):
+        return BWRAP
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = Path(directory or ".") / "bwrap"
+        if os.access(candidate, os.X_OK) and candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def _system_args(root: Path = Path("/")) -> list[str]:
+    """/usr, the /bin and /lib* entries (links as links), /etc's safe subset, /sys's."""
+    args = ["--ro-bind", str(root / "usr"), "/usr"]
+    for name in _TOP_LEVEL_SYSTEM:
+        path = root / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), f"/{name}"]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), f"/{name}"]
+    for name in ETC_ENTRIES:
+        if (root / "etc" / name).exists():
+            args += ["--ro-bind", str(root / "etc" / name), f"/etc/{name}"]
+    for name in SYS_ENTRIES:
+        if (root / "sys" / name).is_dir():
+            args += ["--ro-bind", str(root / "sys" / name), f"/sys/{name}"]
+    return args
+
+
+def probe(bwrap: str | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """None when bubblewrap can build a sandbox on this host (it runs `true` in one, with
+    the namespaces every run gets); otherwise why not, in words."""
+    path = bwrap or find_bwrap()
+    if path is None:
+        return "bubblewrap (bwrap) is not installed; on Debian/Ubuntu: apt-get install bubblewrap"
+    argv = [
+        path,
+        *NAMESPACE_ARGS,
+        *_system_args(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--",
+        "true",
+    ]
+    try:
+        result = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{path} could not be run: {exc}"
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip() or f"exit code {result.returncode}"
+        return (
+            f"{path} cannot create a sandbox here ({detail}); it needs root or unprivileged "
+            "user namespaces (sysctl kernel.unprivileged_userns_clone=1, or in a container "
+            "a seccomp/AppArmor profile that allows them)"
+        )
+    return None
+
+
+def python_install(env_dir: Path) -> Path | None:
+    """The Python install a venv runs on: the prefix of pyvenv.cfg's `home` (its `bin`
+    directory's parent). None when env_dir is not a venv."""
+    try:
+        text = (env_dir / "pyvenv.cfg").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "home":
+            home = Path(value.strip())
+            return home.parent if home.name == "bin" else home
+    return None
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One GPU as a job sees it: its device node's minor number and what CUDA calls it."""
+
+    index: int  # NVML index
+    minor: int  # /dev/nvidia<minor>
+    uuid: str | None  # GPU-…; None when NVML could not say
+
+
+def resolve_gpus(indices: Sequence[int]) -> list[GpuDevice]:
+    """The instance's GPUs with their device minor numbers and UUIDs from NVML. Without
+    NVML, minor = index and no UUID (the common layout, but not a guaranteed one)."""
+    if not indices:
+        return []
+    try:
+        import pynvml
+    except ImportError:
+        return [GpuDevice(index, index, None) for index in indices]
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError or a missing library: treat as no NVML
+        log.warning("NVML is not available (%s); assuming /dev/nvidia<index>", exc)
+        return [GpuDevice(index, index, None) for index in indices]
+    try:
+        devices = []
+        for index in indices:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            devices.append(
+                GpuDevice(
+                    index=index,
+                    minor=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
+                    uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                )
+            )
+        return devices
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def gpu_device_nodes(gpus: Sequence[GpuDevice], dev: Path = Path("/dev")) -> list[Path]:
+    """The device nodes a job with these GPUs gets: /dev/nvidia<minor> for each, plus the
+    driver's shared control nodes, each only when it exists on the host. Nothing at all
+    for a job without GPUs."""
+    if not gpus:
+        return []
+    names = [f"nvidia{gpu.minor}" for gpu in gpus] + list(GPU_SHARED_NODES)
+    return [dev / name for name in names if (dev / name).exists()]
+
+
+def _covers(outer: Path, inner: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How one instance's runs are wrapped. `private` are host paths that must never be
+    visible (the runner's own directory, which lies in the server's data directory): a
+    read-only bind that would contain one of them is refused with SandboxError."""
+
+    workspace: Path
+    env_dir: Path
+    hostname: str
+    datasets: Mapping[str, Path] = field(default_factory=dict)
+    gpus: tuple[GpuDevice, ...] = ()
+    private: tuple[Path, ...] = ()
+    bwrap: str = BWRAP
+    dev: Path = Path("/dev")
+
+    def command(self, argv: Sequence[str], *, info_fd: int | None = None) -> list[str]:
+        """The bwrap command line that runs argv inside the sandbox. info_fd: bwrap writes
+        {"child-pid": N} there (the host pid of the sandbox's init, whose session and
+        process group the job's processes share) and closes it."""
+        args = [self.bwrap, *NAMESPACE_ARGS, "--hostname", self.hostname]
+        if info_fd is not None:
+            args += ["--info-fd", str(info_fd)]
+        args += _system_args()
+        # /tmp first: binds below may lie under /tmp on the host (tests, odd setups).
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        for node in gpu_device_nodes(self.gpus, self.dev):
+            args += ["--dev-bind", str(node), f"/dev/{node.name}"]
+        for source in self._read_only_sources():
+            args += ["--ro-bind", str(source), str(source)]
+        args += ["--bind", str(self.workspace), WORKSPACE]
+        for name, source in sorted(self.datasets.items()):
+            if not _DATASET_NAME.match(name):
+                raise SandboxError(f"dataset name {name!r} cannot be a directory under /data")
+            self._check_not_private(source, f"dataset {name}")
+            args += ["--ro-bind", str(source), f"{DATA_ROOT}/{name}"]
+        # The root itself (where /etc, /data and the bind points live) is read-only too.
+        args += ["--remount-ro", "/", "--chdir", WORKSPACE, "--", *argv]
+        return args
+
+    def _read_only_sources(self) -> list[Path]:
+        sources = [self.env_dir]
+        prefix = python_install(self.env_dir)
+        if prefix is not None and not _covers(Path("/usr"), prefix):
+            sources.append(prefix)
+        for source in sources:
+            self._check_not_private(source, "the Python environment")
+        return sources
+
+    def _check_not_private(self, source: Path, what: str) -> None:
+        resolved = source.resolve()
+        for private in self.private:
+            if _covers(resolved, private.resolve()):
+                raise SandboxError(
+                    f"{what} at {source} contains {private}, which jobs must not see; move "
+                    "it out of the server's data directory (GPULEASE_HOME)"
+                )
+
+    def environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """A run's environment as it must look inside: HOME and PWD are /workspace, TMPDIR
+        the private /tmp, CUDA_VISIBLE_DEVICES the GPUs' UUIDs (only their device nodes
+        exist in here, so CUDA numbers them from 0; UUIDs name them whatever the order)."""
+        result = dict(env)
+        result.update(HOME=WORKSPACE, PWD=WORKSPACE, TMPDIR="/tmp")
+        if self.gpus:
+            result["CUDA_VISIBLE_DEVICES"] = ",".join(
+                gpu.uuid or str(gpu.index) for gpu in self.gpus
+            )
+        return result
+
+
+def base_environment(runner_env: Mapping[str, str]) -> dict[str, str]:
+    """What a sandboxed job inherits from the runner: locale, time zone, terminal, proxies
+    and CA settings, and a system PATH. The rest of the runner's environment stays out."""
+    env = {"PATH": SANDBOX_PATH}
+    for key, value in runner_env.items():
+        if (
+            key in PASSED_VARIABLES
+            or key.startswith(_PASSED_PREFIXES)
+            or key.lower() in _PROXY_VARIABLES
+        ):
+            env[key] = value
+    return env
+
+
+def exit_code_from_sandbox(code: int) -> int:
+    """bwrap reports a job killed by signal N as exit code 128+N; the protocol says -N."""
+    if _SIGNAL_EXIT_BASE < code <= _SIGNAL_EXIT_BASE + _MAX_SIGNAL:
+        return -(code - _SIGNAL_EXIT_BASE)
+    return code

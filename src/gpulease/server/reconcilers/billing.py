@@ -1,0 +1,237 @@
+"""Billing chores: daily blocks ending, storage metering, budgets, low-balance warnings, and
+releasing instances stopped for too long (with notices before)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gpulease.core.errors import PaymentRequired
+from gpulease.core.money import format_credits
+from gpulease.server.db import transaction, utcnow
+from gpulease.server.orm import DatasetUsage, Instance, Notification, StorageMeter
+from gpulease.server.runtime import Runtime
+from gpulease.server.services import ledger
+from gpulease.server.services.billing import limits, plans, storage
+from gpulease.server.services.instances.lifecycle import release_instance, stop_instance
+from gpulease.server.services.instances.states import (
+    FAILED,
+    QUEUED,
+    RELEASED,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    free_gpus,
+)
+
+LIVE = (QUEUED, STARTING, RUNNING)
+
+
+def tick(rt: Runtime) -> None:
+    daily_blocks(rt)
+    budgets(rt)
+    release_stopped(rt)
+
+
+def notify_once(session: Session, user_id: int, kind: str, key: str, message: str) -> bool:
+    """A notice that goes out once per key, whatever replica or retry gets here first."""
+    if session.scalar(select(Notification.id).where(Notification.dedup_key == key)):
+        return False
+    try:
+        with session.begin_nested():
+            session.add(
+                Notification(
+                    user_id=user_id, kind=kind, message=message, created_at=utcnow(), dedup_key=key
+                )
+            )
+            session.flush()
+    except IntegrityError:
+        return False
+    return True
+
+
+def daily_blocks(rt: Runtime) -> None:
+    now = utcnow()
+    with transaction(rt.sessions) as session:
+        ended = session.scalars(
+            select(Instance).where(
+                Instance.plan == plans.DAILY,
+                Instance.reserved_until <= now,
+                Instance.status != RELEASED,
+            )
+        ).all()
+        for instance in ended:
+            if instance.status in (STARTING, RUNNING) and instance.auto_renew:
+                try:
+                    plans.buy_block(session, instance, rt.catalog, now)
+                    continue
+                except PaymentRequired as exc:
+                    reason = f"its daily block ended and could not renew: {exc.message}"
+            else:
+                reason = "its daily block ended; start it again for a new block"
+            instance.reserved_until = None
+            if instance.status in (STARTING, RUNNING):
+                stop_instance(session, instance, reason)
+                notify_once(
+                    session,
+                    instance.owner_id,
+                    "daily_block_ended",
+                    f"daily-end:{instance.id}:{instance.daily_blocks}",
+                    f"instance {instance.name}: {reason}",
+                )
+            elif instance.status in (STOPPED, FAILED, QUEUED):
+                free_gpus(session, instance)
+
+
+def budgets(rt: Runtime) -> None:
+    """Stop live instances of wallets whose monthly budget or member limit is spent, and
+    warn owners whose balance runs low."""
+    now = utcnow()
+    symbol = rt.catalog.currency_symbol
+    with transaction(rt.sessions) as session:
+        live = session.scalars(select(Instance).where(Instance.status.in_(LIVE))).all()
+        wallets = {(i.owner_id, i.team_id) for i in live}
+        for owner_id, team_id in sorted(wallets, key=lambda w: (w[0], w[1] or 0)):
+            reason = limits.over_budget(session, owner_id, team_id, now)
+            if reason:
+                for instance in live:
+                    if (instance.owner_id, instance.team_id) == (owner_id, team_id):
+                        stop_instance(session, instance, f"stopped: {reason}; workspace kept")
+                notify_once(
+                    session,
+                    owner_id,
+                    "budget_reached",
+                    f"budget:{owner_id}:{team_id}:{now:%Y-%m}",
+                    f"{reason}: your instances on that wallet were stopped (workspaces kept)",
+                )
+        for owner_id in sorted({w[0] for w in wallets if w[1] is None}):
+            spend = limits.hourly_spend(session, owner_id)
+            threshold = limits.caps_of(session, owner_id).low_balance_micro
+            if threshold is None:
+                threshold = spend * rt.settings.low_balance_minutes // 60
+            balance = ledger.balance(session, owner_id)
+            if spend > 0 and 0 < balance < threshold:
+                left = int(balance * 60 / spend)
+                notify_once(
+                    session,
+                    owner_id,
+                    "low_balance",
+                    f"low-balance:{owner_id}:{now:%Y-%m-%d}",
+                    f"low balance: {format_credits(balance, symbol)} left, about {left} min at "
+                    f"your current {format_credits(spend, symbol)}/h; instances stop at zero",
+                )
+
+
+def release_stopped(rt: Runtime) -> None:
+    now = utcnow()
+    keep = timedelta(days=rt.settings.stopped_release_days)
+    with transaction(rt.sessions) as session:
+        for instance in session.scalars(
+            select(Instance).where(Instance.status.in_((STOPPED, FAILED)))
+        ).all():
+            if instance.stopped_at is None or plans.holds_reservation(instance, now):
+                continue
+            release_at = instance.stopped_at + keep
+            if now >= release_at:
+                release_instance(session, instance)
+                notify_once(
+                    session,
+                    instance.owner_id,
+                    "instance_released",
+                    f"auto-release:{instance.id}:{instance.stopped_at.isoformat()}",
+                    f"instance {instance.name} was released after "
+                    f"{rt.settings.stopped_release_days} days stopped; its workspace is deleted",
+                )
+                continue
+            for days in rt.settings.release_warnings:
+                if now >= release_at - timedelta(days=days):
+                    notify_once(
+                        session,
+                        instance.owner_id,
+                        "release_warning",
+                        f"release-warning:{instance.id}:{instance.stopped_at.isoformat()}:{days}",
+                        f"instance {instance.name} has been stopped since "
+                        f"{instance.stopped_at:%Y-%m-%d}; it will be released (workspace "
+                        f"deleted) on {release_at:%Y-%m-%d %H:%M} UTC unless you start it",
+                    )
+                    break
+
+
+def storage_tick(rt: Runtime) -> None:
+    """Measure every kept workspace, and each user's dataset storage, and bill it since the
+    last measurement."""
+    workspace_storage(rt)
+    dataset_storage(rt)
+
+
+def dataset_storage(rt: Runtime) -> None:
+    """A user's datasets are billed as one meter (kind 'datasets', ref = the user) on the
+    bytes they store, each deduplicated chunk once, as the quota counts them."""
+    now = utcnow()
+    price = rt.settings.storage_price_micro
+    with transaction(rt.sessions) as session:
+        stored = {u.owner_id: u.bytes for u in session.scalars(select(DatasetUsage))}
+        metered = set(
+            session.scalars(
+                select(StorageMeter.ref_id).where(
+                    StorageMeter.kind == "datasets", StorageMeter.closed_at.is_(None)
+                )
+            )
+        )
+        for owner_id in sorted(set(stored) | metered):
+            meter = storage.meter_for(
+                session,
+                kind="datasets",
+                ref_id=owner_id,
+                owner_id=owner_id,
+                team_id=None,
+                price_micro=price,
+                now=now,
+            )
+            storage.record(session, meter, -(-max(stored.get(owner_id, 0), 0) // 1024), now)
+
+
+def workspace_storage(rt: Runtime) -> None:
+    """Measure every kept workspace and bill its storage since the last measurement."""
+    now = utcnow()
+    price = rt.settings.storage_price_micro
+    with transaction(rt.sessions) as session:
+        rows = [
+            (i.id, i.owner_id, i.team_id, i.workspace, i.status)
+            for i in session.scalars(select(Instance).where(Instance.workspace.is_not(None)))
+        ]
+        open_meters = {
+            m.ref_id: m
+            for m in session.scalars(
+                select(StorageMeter).where(
+                    StorageMeter.kind == "workspace", StorageMeter.closed_at.is_(None)
+                )
+            )
+        }
+    sizes = {
+        instance_id: storage.tree_kib(Path(workspace))
+        for instance_id, _, _, workspace, status in rows
+        if workspace and status != RELEASED
+    }
+    with transaction(rt.sessions) as session:
+        for instance_id, owner_id, team_id, _, status in rows:
+            if status == RELEASED:
+                meter = open_meters.get(instance_id)
+                if meter is not None:
+                    meter = session.merge(meter)
+                    storage.record(session, meter, 0, now, close=True)
+                continue
+            meter = storage.meter_for(
+                session,
+                kind="workspace",
+                ref_id=instance_id,
+                owner_id=owner_id,
+                team_id=team_id,
+                price_micro=price,
+                now=now,
+            )
+            storage.record(session, meter, sizes.get(instance_id, 0), now)

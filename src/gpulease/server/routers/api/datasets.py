@@ -1,0 +1,252 @@
+"""Datasets: list, show, remove, and the push protocol; and the runner's dataset calls.
+
+A push: POST /datasets/NAME/pushes opens it; PUT .../files/PART sends a part of the file
+list (paths, sizes, chunk hashes) and answers with the chunks the server lacks; POST
+.../chunks sends those, many per request, as a chunk pack (gpulease.storage.chunking);
+POST .../commit makes the version. Runners fetch mounted versions under /runner/v1/datasets.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from gpulease.core.errors import InvalidInput, Unauthorized
+from gpulease.server.orm import Dataset, Instance, User
+from gpulease.server.routers.deps import bearer, current_user, runtime, tx
+from gpulease.server.schemas import (
+    DatasetChunksReceived,
+    DatasetCommit,
+    DatasetDetail,
+    DatasetFilesPart,
+    DatasetList,
+    DatasetMissingChunks,
+    DatasetPublic,
+    DatasetRemoved,
+    DatasetUploadCreate,
+    DatasetUploadPublic,
+    DatasetVersionPublic,
+    RunnerChunkRequest,
+    RunnerDatasetMount,
+    RunnerDatasets,
+    StorageUsage,
+)
+from gpulease.server.services import runners
+from gpulease.server.services.datasets import commits, library, mounts, quota, uploads
+from gpulease.server.services.datasets.vault import Vault
+from gpulease.storage.chunking import PackError
+
+router = APIRouter(tags=["datasets"])
+runner_router = APIRouter(prefix="/runner/v1/datasets", tags=["runner"])
+PACK = "application/octet-stream"
+
+
+def vault_of(request: Request) -> Vault:
+    vault = runtime(request).vault
+    assert vault is not None, "the runtime was built without dataset storage"
+    return vault
+
+
+def _quota(request: Request) -> int:
+    return runtime(request).settings.storage_quota_bytes
+
+
+def _caller(request: Request) -> User:
+    with tx(request) as session:
+        return current_user(session, request)
+
+
+@router.get("/datasets")
+def list_datasets(request: Request) -> DatasetList:
+    with tx(request) as session:
+        user = current_user(session, request)
+        found = [DatasetPublic.model_validate(d) for d in library.list_datasets(session, user)]
+        used = quota.usage(session, user.id)
+    return DatasetList(
+        datasets=found, usage=StorageUsage(used_bytes=used, quota_bytes=_quota(request))
+    )
+
+
+@router.get("/datasets/{name}")
+def show_dataset(name: str, request: Request) -> DatasetDetail:
+    with tx(request) as session:
+        user = current_user(session, request)
+        dataset = library.get_dataset(session, user, name)
+        return DatasetDetail(
+            dataset=DatasetPublic.model_validate(dataset),
+            versions=[
+                DatasetVersionPublic.model_validate(v) for v in library.versions(session, dataset)
+            ],
+            pushes=[
+                DatasetUploadPublic.model_validate(u)
+                for u in library.recent_uploads(session, dataset)
+            ],
+            mounted_by=library.mounting_instances(session, dataset),
+        )
+
+
+@router.delete("/datasets/{name}")
+def remove_dataset(name: str, request: Request) -> DatasetRemoved:
+    user = _caller(request)
+    freed = library.remove_dataset(runtime(request).sessions, vault_of(request), user, name)
+    return DatasetRemoved(name=name, freed_chunks=freed.chunks, freed_bytes=freed.bytes)
+
+
+@router.post("/datasets/{name}/pushes", status_code=201)
+def start_push(name: str, body: DatasetUploadCreate, request: Request) -> DatasetUploadPublic:
+    if body.name != name:
+        raise InvalidInput(f"the body names dataset {body.name!r} but the path {name!r}")
+    user = _caller(request)
+    upload = uploads.start_upload(
+        runtime(request).sessions,
+        vault_of(request),
+        user,
+        name,
+        files=body.files,
+        size=body.bytes,
+        quota_bytes=_quota(request),
+    )
+    return DatasetUploadPublic.model_validate(upload)
+
+
+@router.get("/datasets/{name}/pushes/{push_id}")
+def show_push(name: str, push_id: int, request: Request) -> DatasetUploadPublic:
+    with tx(request) as session:
+        user = current_user(session, request)
+        return DatasetUploadPublic.model_validate(uploads.get_upload(session, user, push_id))
+
+
+@router.put("/datasets/{name}/pushes/{push_id}/files/{part}")
+def push_files(
+    name: str, push_id: int, part: int, body: DatasetFilesPart, request: Request
+) -> DatasetMissingChunks:
+    user = _caller(request)
+    missing = uploads.add_files(
+        runtime(request).sessions,
+        vault_of(request),
+        user.id,
+        push_id,
+        part,
+        [uploads.FileEntry(f.path, f.size, tuple(f.chunks)) for f in body.files],
+        quota_bytes=_quota(request),
+    )
+    return DatasetMissingChunks(missing=missing.chunks, missing_bytes=missing.bytes)
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise InvalidInput(f"a chunk pack may hold at most {limit} bytes; send smaller packs")
+    parts = []
+    size = 0
+    async for piece in request.stream():
+        size += len(piece)
+        if size > limit:
+            raise InvalidInput(f"a chunk pack may hold at most {limit} bytes; send smaller packs")
+        parts.append(piece)
+    return b"".join(parts)
+
+
+@router.post("/datasets/{name}/pushes/{push_id}/chunks")
+async def push_chunks(name: str, push_id: int, request: Request) -> DatasetChunksReceived:
+    user = await run_in_threadpool(_caller, request)
+    body = await _read_capped(request, uploads.MAX_PACK_BYTES)
+    try:
+        received = await run_in_threadpool(
+            uploads.store_chunks,
+            runtime(request).sessions,
+            vault_of(request),
+            user.id,
+            push_id,
+            body,
+        )
+    except PackError as exc:
+        raise InvalidInput(f"malformed chunk pack: {exc}") from exc
+    return DatasetChunksReceived(
+        chunks=received.chunks, bytes=received.bytes, new_chunks=received.new_chunks
+    )
+
+
+@router.post("/datasets/{name}/pushes/{push_id}/commit", status_code=201)
+def commit_push(name: str, push_id: int, body: DatasetCommit, request: Request) -> DatasetPublic:
+    user = _caller(request)
+    rt = runtime(request)
+    version = commits.commit_upload(
+        rt.sessions,
+        vault_of(request),
+        user.id,
+        push_id,
+        parts=body.parts,
+        files=body.files,
+        size=body.bytes,
+        quota_bytes=_quota(request),
+    )
+    with tx(request) as session:
+        return DatasetPublic.model_validate(session.get(Dataset, version.dataset_id))
+
+
+@router.delete("/datasets/{name}/pushes/{push_id}", status_code=204)
+def abandon_push(name: str, push_id: int, request: Request) -> Response:
+    user = _caller(request)
+    uploads.abandon_upload(runtime(request).sessions, vault_of(request), user, push_id)
+    return Response(status_code=204)
+
+
+# -- the runner protocol's dataset calls (docs/runner-protocol.md) -----------------------------
+
+
+def _instance(request: Request) -> Instance:
+    token = bearer(request)
+    if not token:
+        raise Unauthorized("runner calls need 'Authorization: Bearer <runner token>'")
+    with tx(request) as session:
+        return runners.instance_for_token(session, token)
+
+
+@runner_router.get("")
+def runner_datasets(request: Request) -> RunnerDatasets:
+    instance = _instance(request)
+    with tx(request) as session:
+        found = mounts.instance_mounts(session, instance.id)
+    return RunnerDatasets(
+        datasets=[
+            RunnerDatasetMount(
+                name=m.name,
+                dataset_id=m.dataset_id,
+                owner_id=m.owner_id,
+                version=m.version,
+                file_count=m.file_count,
+                size_bytes=m.size_bytes,
+            )
+            for m in found
+        ]
+    )
+
+
+@runner_router.get("/{dataset_id}/versions/{number}/manifest")
+def runner_manifest(dataset_id: int, number: int, request: Request) -> Response:
+    """{"files": [[path, size, [sha256, ...]], ...], "keys": {sha256: base64 key}}"""
+    instance = _instance(request)
+    found = mounts.runner_manifest(
+        runtime(request).sessions, vault_of(request), instance, dataset_id, number
+    )
+    body = {
+        "files": [[f.path, f.size, list(f.chunks)] for f in found.manifest.files],
+        "keys": {sha: base64.b64encode(key).decode() for sha, key in found.keys.items()},
+    }
+    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+
+@runner_router.post("/{dataset_id}/versions/{number}/chunks")
+def runner_chunks(
+    dataset_id: int, number: int, body: RunnerChunkRequest, request: Request
+) -> Response:
+    """A chunk pack of the sealed chunks asked for, in the order asked."""
+    instance = _instance(request)
+    data = mounts.runner_chunks(
+        runtime(request).sessions, vault_of(request), instance, dataset_id, number, body.chunks
+    )
+    return Response(data, media_type=PACK)

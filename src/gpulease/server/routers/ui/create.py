@@ -1,0 +1,175 @@
+"""The console's "Create instance" form, with a live training estimate beside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request, Response
+from fastapi.responses import RedirectResponse
+from sqlalchemy.orm import Session
+
+from gpulease.core import estimates
+from gpulease.core.catalog import CPU_MODEL, Catalog
+from gpulease.core.errors import GpuleaseError, InvalidInput
+from gpulease.core.money import format_credits
+from gpulease.core.templates import BUILTIN_TEMPLATES
+from gpulease.server.orm import User
+from gpulease.server.routers.deps import runtime, same_origin, tx
+from gpulease.server.routers.ui.account import cross_site_refusal
+from gpulease.server.routers.ui.guards import login_url, viewer
+from gpulease.server.routers.ui.templating import render
+from gpulease.server.schemas import UserPublic
+from gpulease.server.services import nodes
+from gpulease.server.services.instances import lifecycle
+
+router = APIRouter()
+
+PATH = "/instances/new"
+FormText = Annotated[str, Form()]
+MAX_FORM_GPUS = 64
+
+
+@dataclass(frozen=True)
+class GpuChoice:
+    name: str
+    label: str
+    is_gpu: bool
+    free: int
+    total: int
+    simulated: bool
+
+
+@dataclass(frozen=True)
+class CreateForm:
+    """What the form shows, and what was typed (kept when a submission is refused)."""
+
+    gpu_model: str = "A100-80GB"
+    gpu_count: str = "1"
+    template: str = "pytorch"
+    name: str = ""
+    model: str = "resnet50"
+    images: str = "100000"
+    epochs: str = "30"
+    image_size: str = "224"
+
+
+def gpu_choices(session: Session, catalog: Catalog) -> list[GpuChoice]:
+    """Catalog models with price and free/total, in catalog order; GPUs on offer first."""
+    avail = nodes.availability(session, catalog)
+    symbol = catalog.currency_symbol
+    choices = []
+    for m in catalog.models:
+        a = avail[m.name]
+        price = f"{format_credits(m.hourly_micro, symbol)}/h"
+        if m.is_gpu:
+            label = f"{m.name} · {m.memory_gb:g} GB · {price} per GPU · {a.free}/{a.total} free"
+            if a.simulated:
+                label += " (simulated)"
+        else:
+            label = f"CPU only · {price}"
+        choices.append(GpuChoice(m.name, label, m.is_gpu, a.free, a.total, bool(a.simulated)))
+    return sorted(choices, key=lambda c: (c.is_gpu and c.total == 0, not c.is_gpu))
+
+
+def _page(
+    request: Request,
+    session: Session,
+    user: User,
+    form: CreateForm,
+    *,
+    error: str = "",
+    status_code: int = 200,
+) -> Response:
+    catalog = runtime(request).catalog
+    choices = gpu_choices(session, catalog)
+    if form.gpu_model not in {c.name for c in choices}:
+        form = CreateForm(**{**form.__dict__, "gpu_model": choices[0].name if choices else ""})
+    context = {
+        "form": form,
+        "gpus": choices,
+        "templates": BUILTIN_TEMPLATES,
+        "models": estimates.MODELS,
+        "limits": {
+            "images": estimates.MAX_IMAGES,
+            "epochs": estimates.MAX_EPOCHS,
+            "min_size": estimates.MIN_IMAGE_SIZE,
+            "max_size": estimates.MAX_IMAGE_SIZE,
+            "gpus": MAX_FORM_GPUS,
+        },
+        "error": error,
+    }
+    return render(
+        request,
+        "instances/new.html",
+        context,
+        user=UserPublic.model_validate(user),
+        page="create",
+        status_code=status_code,
+    )
+
+
+@router.get(PATH)
+def create_form(request: Request) -> Response:
+    with tx(request) as session:
+        user = viewer(session, request)
+        if user is None:
+            return RedirectResponse(login_url(request), status_code=303)
+        return _page(request, session, user, CreateForm())
+
+
+def gpu_request(gpu_model: str, gpu_count: str) -> str | None:
+    """The form's model and count as the API's MODEL:COUNT (None: CPU only)."""
+    model = gpu_model.strip()
+    if not model or model.upper() == CPU_MODEL:
+        return None
+    try:
+        count = int(gpu_count.strip())
+    except ValueError:
+        raise InvalidInput(f"the GPU count must be a whole number, not {gpu_count!r}") from None
+    if not 1 <= count <= MAX_FORM_GPUS:
+        raise InvalidInput(f"the GPU count must be from 1 to {MAX_FORM_GPUS}")
+    return f"{model}:{count}"
+
+
+@router.post(PATH)
+def create(
+    request: Request,
+    gpu_model: FormText = "",
+    gpu_count: FormText = "1",
+    template: FormText = "pytorch",
+    name: FormText = "",
+    model: FormText = "resnet50",
+    images: FormText = "",
+    epochs: FormText = "",
+    image_size: FormText = "",
+) -> Response:
+    """Create through the same service as POST /api/v1/instances, then go to the dashboard.
+    The estimate fields only come back so that a refused form keeps them."""
+    if not same_origin(request):
+        return cross_site_refusal(request)
+    rt = runtime(request)
+    typed = CreateForm(
+        gpu_model, gpu_count, template, name.strip(), model, images, epochs, image_size
+    )
+    with tx(request) as session:
+        user = viewer(session, request)
+        if user is None:
+            return RedirectResponse(login_url(request), status_code=303)
+        try:
+            with session.begin_nested():
+                lifecycle.create_instance(
+                    session,
+                    user,
+                    catalog=rt.catalog,
+                    gpu=gpu_request(gpu_model, gpu_count),
+                    template=template.strip(),
+                    name=name.strip() or None,
+                    auto_release=False,
+                    min_start_minutes=rt.settings.min_start_minutes,
+                    workspaces=rt.settings.workspaces_path,
+                )
+        except GpuleaseError as exc:
+            return _page(request, session, user, typed, error=exc.message, status_code=exc.status)
+    request.app.state.wake_reconcilers()
+    return RedirectResponse("/", status_code=303)

@@ -1,0 +1,1 @@
+"""Billing rules beyond the meter: plans, off-peak windows, vouchers, caps, teams, storage."""

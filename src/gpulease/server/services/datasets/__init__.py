@@ -1,0 +1,1 @@
+"""Datasets: pushes (uploads), versions, quotas, garbage collection, keys and mounts."""

@@ -1,0 +1,140 @@
+"""Committing a push: its file lists become a new version of the dataset, whole or not at all."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpulease.core.datasets import format_bytes, tree_conflict
+from gpulease.core.errors import Conflict, InvalidInput
+from gpulease.server.db import transaction, utcnow
+from gpulease.server.orm import Dataset, DatasetChunk, DatasetVersion
+from gpulease.server.services.datasets import quota
+from gpulease.server.services.datasets.keys import lock_owner
+from gpulease.server.services.datasets.uploads import (
+    COMMITTED,
+    MAX_PARTS,
+    batched,
+    close_upload,
+    dataset_key_of,
+    delete_staging,
+    manifest_key,
+    open_upload,
+    refuse_upload,
+    staging_key,
+)
+from gpulease.server.services.datasets.vault import Manifest, ManifestFile, Vault
+
+
+def _read_parts(
+    vault: Vault, dataset_key: bytes, owner_id: int, upload_id: int, parts: int
+) -> Manifest:
+    files: list[ManifestFile] = []
+    for part in range(parts):
+        key = staging_key(owner_id, upload_id, part)
+        if not vault.store.exists(key):
+            raise InvalidInput(f"part {part} of the file list never arrived; push again")
+        files.extend(vault.read_manifest(dataset_key, key).files)
+    files.sort(key=lambda f: f.path)
+    return Manifest(tuple(files))
+
+
+def commit_upload(
+    sessions: sessionmaker[Session],
+    vault: Vault,
+    owner_id: int,
+    upload_id: int,
+    *,
+    parts: int,
+    files: int,
+    size: int,
+    quota_bytes: int,
+) -> DatasetVersion:
+    """Make the push a new version of its dataset: every file listed in parts 0..parts-1,
+    every chunk of them stored. files and size must match what was listed (a check that
+    client and server agree on the whole push). Nothing is visible before this returns."""
+    with transaction(sessions) as session:
+        upload = open_upload(session, owner_id, upload_id)
+        dataset = session.get(Dataset, upload.dataset_id)
+        assert dataset is not None
+        dataset_id = dataset.id
+        dataset_key = dataset_key_of(session, vault.ring, dataset)
+    if not 0 <= parts <= MAX_PARTS:
+        raise InvalidInput(f"parts must be between 0 and {MAX_PARTS}")
+    manifest = _read_parts(vault, dataset_key, owner_id, upload_id, parts)
+    problem = tree_conflict([f.path for f in manifest.files])
+    if problem:
+        raise InvalidInput(f"the file list does not make a directory tree: {problem}")
+    if len(manifest.files) != files or manifest.size != size:
+        raise InvalidInput(
+            f"the server got {len(manifest.files)} files, {manifest.size} bytes in the file "
+            f"lists, but the commit says {files} files, {size} bytes; push again"
+        )
+    chunk_ids = sorted(manifest.chunk_ids())
+    blob = manifest_key(owner_id, dataset_id, upload_id)
+    vault.seal_blob(dataset_key, blob, manifest.encode())
+    vault.store.sync()
+    try:
+        with transaction(sessions) as session:
+            lock_owner(session, vault.ring, owner_id)
+            upload = open_upload(session, owner_id, upload_id)
+            dataset = session.get(Dataset, upload.dataset_id, with_for_update=True)
+            assert dataset is not None
+            if dataset.deleted_at is not None:
+                raise Conflict(f"dataset {dataset.name} was removed during the push")
+            lacking = 0
+            for batch in batched(chunk_ids):
+                have = session.scalar(
+                    select(func.count(DatasetChunk.id)).where(
+                        DatasetChunk.owner_id == owner_id,
+                        DatasetChunk.sha256.in_(batch),
+                        DatasetChunk.stored.is_(True),
+                    )
+                )
+                lacking += len(batch) - int(have or 0)
+            if lacking:
+                raise Conflict(
+                    f"{lacking} chunks of this push have not arrived; push again to send them"
+                )
+            used = quota.usage(session, owner_id)
+            if used > quota_bytes:
+                raise quota.QuotaExceeded(
+                    f"you use {format_bytes(used)} of your {format_bytes(quota_bytes)} "
+                    f"storage quota (other pushes filled it meanwhile); {quota.HINT}"
+                )
+            number = (
+                session.scalar(
+                    select(func.max(DatasetVersion.number)).where(
+                        DatasetVersion.dataset_id == dataset.id
+                    )
+                )
+                or 0
+            ) + 1
+            now = utcnow()
+            version = DatasetVersion(
+                dataset_id=dataset.id,
+                number=number,
+                file_count=len(manifest.files),
+                size_bytes=manifest.size,
+                chunk_count=len(chunk_ids),
+                manifest_blob=blob,
+                upload_id=upload.id,
+                created_at=now,
+            )
+            session.add(version)
+            dataset.current_version = number
+            dataset.file_count = version.file_count
+            dataset.size_bytes = version.size_bytes
+            dataset.updated_at = now
+            upload.files_listed = len(manifest.files)
+            upload.version = number
+            staged = close_upload(upload, COMMITTED, "")
+    except quota.QuotaExceeded as exc:
+        vault.store.delete(blob)
+        refuse_upload(sessions, vault, owner_id, upload_id, exc.message)
+        raise
+    except BaseException:
+        vault.store.delete(blob)
+        raise
+    delete_staging(vault, [staged])
+    return version

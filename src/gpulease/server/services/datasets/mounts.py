@@ -1,0 +1,183 @@
+"""Datasets mounted by instances: attaching them at create time, and what runners fetch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpulease.core.errors import InvalidInput, NotFound
+from gpulease.server.db import transaction
+from gpulease.server.orm import (
+    Dataset,
+    DatasetChunk,
+    DatasetVersion,
+    Instance,
+    InstanceDataset,
+    User,
+)
+from gpulease.server.services.datasets.keys import chunk_key_scope, user_key
+from gpulease.server.services.datasets.library import get_dataset
+from gpulease.server.services.datasets.uploads import batched, dataset_key_of
+from gpulease.server.services.datasets.vault import Manifest, Vault
+from gpulease.storage.chunking import pack
+from gpulease.storage.crypto import unwrap_key
+
+MAX_FETCH_CHUNKS = 4096
+
+
+@dataclass(frozen=True)
+class Mount:
+    name: str
+    dataset_id: int
+    owner_id: int
+    version: int
+    file_count: int
+    size_bytes: int
+
+
+def attach_datasets(session: Session, owner: User, instance: Instance, names: list[str]) -> None:
+    """Mount owner's datasets `names` in instance at /data/NAME, each at its current version.
+    Another user's dataset is not found, as if it did not exist."""
+    if len(set(names)) != len(names):
+        raise InvalidInput("a dataset is listed twice; mount each dataset once")
+    for name in names:
+        dataset = get_dataset(session, owner, name)
+        assert dataset.current_version is not None
+        session.add(
+            InstanceDataset(
+                instance_id=instance.id,
+                dataset_id=dataset.id,
+                name=dataset.name,
+                version=dataset.current_version,
+            )
+        )
+    session.flush()
+
+
+def instance_mounts(session: Session, instance_id: int) -> list[Mount]:
+    rows = session.execute(
+        select(InstanceDataset, Dataset, DatasetVersion)
+        .join(Dataset, Dataset.id == InstanceDataset.dataset_id)
+        .join(
+            DatasetVersion,
+            (DatasetVersion.dataset_id == Dataset.id)
+            & (DatasetVersion.number == InstanceDataset.version),
+        )
+        .where(InstanceDataset.instance_id == instance_id)
+        .order_by(InstanceDataset.name)
+    )
+    return [
+        Mount(
+            name=mount.name,
+            dataset_id=dataset.id,
+            owner_id=dataset.owner_id,
+            version=mount.version,
+            file_count=version.file_count,
+            size_bytes=version.size_bytes,
+        )
+        for mount, dataset, version in rows
+    ]
+
+
+def _mounted_version(
+    session: Session, instance: Instance, dataset_id: int, number: int
+) -> tuple[Dataset, DatasetVersion]:
+    found = session.execute(
+        select(Dataset, DatasetVersion)
+        .join(InstanceDataset, InstanceDataset.dataset_id == Dataset.id)
+        .join(
+            DatasetVersion,
+            (DatasetVersion.dataset_id == Dataset.id)
+            & (DatasetVersion.number == InstanceDataset.version),
+        )
+        .where(
+            InstanceDataset.instance_id == instance.id,
+            InstanceDataset.dataset_id == dataset_id,
+            InstanceDataset.version == number,
+            Dataset.deleted_at.is_(None),
+        )
+    ).first()
+    if found is None:
+        raise NotFound(f"dataset {dataset_id} version {number} is not mounted by this instance")
+    dataset, version = found
+    return dataset, version
+
+
+@dataclass(frozen=True)
+class RunnerManifest:
+    manifest: Manifest
+    keys: dict[str, bytes]  # sha256 -> the chunk's key, unwrapped
+
+
+def runner_manifest(
+    sessions: sessionmaker[Session], vault: Vault, instance: Instance, dataset_id: int, number: int
+) -> RunnerManifest:
+    """A mounted version's files and the keys of its chunks, for the instance's runner (it
+    decrypts and checks every chunk itself)."""
+    with transaction(sessions) as session:
+        dataset, version = _mounted_version(session, instance, dataset_id, number)
+        dataset_key = dataset_key_of(session, vault.ring, dataset)
+        owner_id = dataset.owner_id
+        blob = version.manifest_blob
+        ukey = user_key(session, vault.ring, owner_id)
+    manifest = vault.read_manifest(dataset_key, blob)
+    ids = sorted(manifest.chunk_ids())
+    keys: dict[str, bytes] = {}
+    with transaction(sessions) as session:
+        for batch in batched(ids):
+            for sha, wrapped in session.execute(
+                select(DatasetChunk.sha256, DatasetChunk.key_wrapped).where(
+                    DatasetChunk.owner_id == owner_id, DatasetChunk.sha256.in_(batch)
+                )
+            ):
+                keys[sha] = unwrap_key(ukey, wrapped, chunk_key_scope(owner_id, sha))
+    return RunnerManifest(manifest, keys)
+
+
+def runner_chunks(
+    sessions: sessionmaker[Session],
+    vault: Vault,
+    instance: Instance,
+    dataset_id: int,
+    number: int,
+    wanted: list[str],
+) -> bytes:
+    """A pack of the sealed chunks `wanted` of a version the instance mounts."""
+    if len(wanted) > MAX_FETCH_CHUNKS:
+        raise InvalidInput(f"ask for at most {MAX_FETCH_CHUNKS} chunks at a time")
+    with transaction(sessions) as session:
+        dataset, version = _mounted_version(session, instance, dataset_id, number)
+        dataset_key = dataset_key_of(session, vault.ring, dataset)
+        owner_id = dataset.owner_id
+        blob = version.manifest_blob
+    allowed = vault.version_chunks(blob, dataset_key)
+    outside = [sha for sha in wanted if sha not in allowed]
+    if outside:
+        raise NotFound(f"chunk {outside[0]} is not part of this dataset version")
+    places: dict[str, tuple[str, int, int]] = {}
+    with transaction(sessions) as session:
+        for batch in batched(sorted(set(wanted))):
+            for sha, stored_in, offset, length in session.execute(
+                select(
+                    DatasetChunk.sha256, DatasetChunk.blob, DatasetChunk.offset, DatasetChunk.length
+                ).where(
+                    DatasetChunk.owner_id == owner_id,
+                    DatasetChunk.sha256.in_(batch),
+                    DatasetChunk.stored.is_(True),
+                )
+            ):
+                assert stored_in is not None
+                places[sha] = (stored_in, offset, length)
+    lost = [sha for sha in wanted if sha not in places]
+    if lost:
+        raise NotFound(f"chunk {lost[0]} of this dataset version is missing from storage")
+    by_pack: dict[str, list[str]] = {}
+    for sha in dict.fromkeys(wanted):
+        by_pack.setdefault(places[sha][0], []).append(sha)
+    sealed: dict[str, bytes] = {}
+    for pack_key, shas in by_pack.items():
+        ranges = [(places[sha][1], places[sha][2]) for sha in shas]
+        sealed.update(zip(shas, vault.store.read_ranges(pack_key, ranges), strict=True))
+    return pack((sha, sealed[sha]) for sha in wanted)

@@ -1,0 +1,1 @@
+"""Dataset storage: blob stores (local files, S3), chunking and encryption at rest."""

@@ -1,0 +1,86 @@
+"""Files as content-addressed chunks, and the chunk packs that carry many chunks per request.
+
+A file is cut into fixed CHUNK_SIZE pieces (a small file is one chunk, an empty file none);
+a chunk's id is the SHA-256 of its plaintext. A pack is records of
+`sha256 (32 bytes) | length (uint32, big-endian) | data`, back to back: uploads carry
+plaintext, downloads to runners carry the stored (encrypted) bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+CHUNK_SIZE = 4 * 1024 * 1024
+_HEADER = struct.Struct(">32sI")
+HEADER_SIZE = _HEADER.size
+# A record's data may be a chunk or its ciphertext (a chunk plus 29 bytes of envelope).
+MAX_RECORD_BYTES = CHUNK_SIZE + 1024
+
+
+class PackError(ValueError):
+    """A chunk pack that is cut short, oversized or otherwise malformed."""
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    sha256: str  # hex
+    size: int
+
+
+def chunk_digests(data: bytes) -> list[ChunkRef]:
+    """The chunks of data (a whole file's bytes)."""
+    refs = []
+    for at in range(0, len(data), CHUNK_SIZE):
+        block = data[at : at + CHUNK_SIZE]
+        refs.append(ChunkRef(hashlib.sha256(block).hexdigest(), len(block)))
+    return refs
+
+
+def file_chunks(path: Path) -> list[ChunkRef]:
+    """The chunks of a file, read CHUNK_SIZE at a time."""
+    refs = []
+    with path.open("rb") as source:
+        while block := source.read(CHUNK_SIZE):
+            refs.append(ChunkRef(hashlib.sha256(block).hexdigest(), len(block)))
+    return refs
+
+
+def read_chunk(path: Path, index: int) -> bytes:
+    """The index-th chunk of a file."""
+    with path.open("rb") as source:
+        source.seek(index * CHUNK_SIZE)
+        return source.read(CHUNK_SIZE)
+
+
+def pack(records: Iterable[tuple[str, bytes]]) -> bytes:
+    """Records (sha256 hex, data) as one pack body."""
+    parts = []
+    for sha, data in records:
+        parts.append(_HEADER.pack(bytes.fromhex(sha), len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def unpack(body: bytes, *, max_records: int | None = None) -> Iterator[tuple[str, bytes]]:
+    """The (sha256 hex, data) records of a pack body; PackError when it is malformed."""
+    view = memoryview(body)
+    at = 0
+    count = 0
+    while at < len(view):
+        if len(view) - at < HEADER_SIZE:
+            raise PackError(f"chunk pack cut short at byte {at}: a record header needs 36 bytes")
+        digest, length = _HEADER.unpack_from(view, at)
+        at += HEADER_SIZE
+        if length > MAX_RECORD_BYTES:
+            raise PackError(f"chunk pack record of {length} bytes is larger than a chunk")
+        if len(view) - at < length:
+            raise PackError(f"chunk pack cut short: a record needs {length} bytes")
+        count += 1
+        if max_records is not None and count > max_records:
+            raise PackError(f"chunk pack holds more than {max_records} chunks")
+        yield digest.hex(), bytes(view[at : at + length])
+        at += length

@@ -1,0 +1,244 @@
+"""Mounted datasets: what a runner materialises, who may fetch what, tampering, key rotation."""
+
+from __future__ import annotations
+
+import hashlib
+import stat
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from starlette.testclient import TestClient
+
+from datasets_support import random_tree, runner_connection, sdk, tree_digests, write_tree
+from factories import Caller, RunnerDouble
+from gpulease.backends.base import RunnerSpec
+from gpulease.backends.fake import FakeBackend
+from gpulease.runner.datasets import DatasetError, links_dir, materialise
+from gpulease.server.db import transaction
+from gpulease.server.orm import StorageKey
+from gpulease.server.runtime import Runtime
+from gpulease.server.services.datasets.keys import finish_rotation, rotate_master_key
+from gpulease.storage.chunking import CHUNK_SIZE
+from gpulease.storage.crypto import IntegrityError, read_master_key, unwrap_key
+
+
+def _instance_with(
+    caller: Caller, tick: Callable[[], None], backend: FakeBackend, datasets: list[str]
+) -> tuple[int, RunnerSpec]:
+    r = caller.post("/api/v1/instances", json={"datasets": datasets})  # CPU only
+    assert r.status_code == 201, r.text
+    instance_id = int(r.json()["id"])
+    tick()
+    handle = backend.handle_for(instance_id)
+    assert handle is not None
+    return instance_id, backend.runners[handle].spec
+
+
+def _materialise(
+    http: TestClient, spec: RunnerSpec, cache: Path
+) -> tuple[dict[str, Path], list[str]]:
+    messages: list[str] = []
+    spec = replace(spec, dataset_cache=cache)
+    return materialise(spec, runner_connection(http, spec.token), messages.append), messages
+
+
+@pytest.fixture
+def pushed(ann: Caller, tmp_path: Path) -> dict[str, str]:
+    """ann's dataset 'imgs': small files in folders, an empty file, a three-chunk file."""
+    random_tree(tmp_path / "imgs", 120, 3000)
+    write_tree(
+        tmp_path / "imgs",
+        {"empty.txt": b"", "deep/a/b/big.bin": hashlib.sha256(b"x").digest() * (CHUNK_SIZE // 16)},
+    )
+    sdk(ann).push_dataset(tmp_path / "imgs", "imgs")
+    return tree_digests(tmp_path / "imgs")
+
+
+def test_runner_materialises_every_file_read_only(
+    ann: Caller,
+    http: TestClient,
+    tick: Callable[[], None],
+    backend: FakeBackend,
+    pushed: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    _, spec = _instance_with(ann, tick, backend, ["imgs"])
+    found, messages = _materialise(http, spec, tmp_path / "cache")
+    (directory,) = found.values()
+    assert found.keys() == {"imgs"} and directory.parent == tmp_path / "cache"
+    assert directory.name.endswith("-v1")
+    assert tree_digests(directory) == pushed
+    assert stat.S_IMODE((directory / "empty.txt").stat().st_mode) == 0o444
+    assert stat.S_IMODE((directory / "deep" / "a").stat().st_mode) == 0o555
+    assert (links_dir(spec) / "imgs").resolve() == directory
+    assert any("fetching dataset imgs v1" in m for m in messages)
+
+    # a second instance on the node shares the materialised version
+    _, other = _instance_with(ann, tick, backend, ["imgs"])
+    again, messages = _materialise(http, other, tmp_path / "cache")
+    assert again == found and not any("fetching" in m for m in messages)
+    # an instance without datasets materialises nothing
+    _, bare = _instance_with(ann, tick, backend, [])
+    assert _materialise(http, bare, tmp_path / "cache")[0] == {}
+
+
+def test_a_new_push_is_a_new_version_and_old_instances_keep_theirs(
+    ann: Caller,
+    http: TestClient,
+    tick: Callable[[], None],
+    backend: FakeBackend,
+    pushed: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    _, old = _instance_with(ann, tick, backend, ["imgs"])
+    (tmp_path / "imgs" / "new.txt").write_bytes(b"new file")
+    sdk(ann).push_dataset(tmp_path / "imgs", "imgs")
+    _, new = _instance_with(ann, tick, backend, ["imgs"])
+    old_dir = _materialise(http, old, tmp_path / "cache")[0]["imgs"]
+    new_dir = _materialise(http, new, tmp_path / "cache")[0]["imgs"]
+    assert old_dir.name.endswith("-v1") and new_dir.name.endswith("-v2")
+    assert "new.txt" not in tree_digests(old_dir) and "new.txt" in tree_digests(new_dir)
+
+
+def test_runners_fetch_only_what_their_instance_mounts(
+    ann: Caller,
+    bob: Caller,
+    http: TestClient,
+    tick: Callable[[], None],
+    backend: FakeBackend,
+    pushed: dict[str, str],
+) -> None:
+    _, ann_spec = _instance_with(ann, tick, backend, ["imgs"])
+    ann_runner = RunnerDouble(http, ann_spec.token)
+    (mount,) = ann_runner.call("GET", "/datasets").json()["datasets"]
+    manifest = f"/datasets/{mount['dataset_id']}/versions/{mount['version']}/manifest"
+    chunks = f"/datasets/{mount['dataset_id']}/versions/{mount['version']}/chunks"
+    some = next(iter(ann_runner.call("GET", manifest).json()["keys"]))
+
+    _, bob_spec = _instance_with(bob, tick, backend, [])
+    bob_runner = RunnerDouble(http, bob_spec.token)
+    assert bob_runner.call("GET", "/datasets").json() == {"datasets": []}
+    assert bob_runner.call("GET", manifest).status_code == 404
+    assert bob_runner.call("POST", chunks, json={"chunks": [some]}).status_code == 404
+    # ann's own runner may not ask for chunks outside the mounted version
+    other = hashlib.sha256(b"not in it").hexdigest()
+    r = ann_runner.call("POST", chunks, json={"chunks": [other]})
+    assert r.status_code == 404 and "not part of this dataset version" in r.json()["detail"]
+    assert RunnerDouble(http, "made-up").call("GET", "/datasets").status_code == 401
+
+
+def test_a_tampered_chunk_fails_the_materialisation(
+    ann: Caller,
+    http: TestClient,
+    rt: Runtime,
+    tick: Callable[[], None],
+    backend: FakeBackend,
+    pushed: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    assert rt.vault is not None
+    store = rt.vault.store
+    victim = next(key for key in store.iterate("p/"))  # a pack of sealed chunks
+    sealed = bytearray(store.get(victim))
+    sealed[len(sealed) // 2] ^= 0x01  # flip one bit
+    store.put(victim, bytes(sealed))
+    _, spec = _instance_with(ann, tick, backend, ["imgs"])
+    with pytest.raises(DatasetError, match="failed its integrity check .AES-GCM tag mismatch"):
+        _materialise(http, spec, tmp_path / "cache")
+    assert list((tmp_path / "cache").iterdir()) == [tmp_path / "cache" / ".locks"]  # no half
+
+
+def test_master_key_rotation_keeps_data_readable(
+    ann: Caller,
+    http: TestClient,
+    rt: Runtime,
+    tick: Callable[[], None],
+    backend: FakeBackend,
+    pushed: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    path = rt.settings.master_key_path
+    old = read_master_key(path)
+    rotation = rotate_master_key(rt.sessions, path)
+    assert rotation.old_key_id == old.key_id and rotation.rewrapped >= 3  # master, user, dataset
+    new = read_master_key(path)
+    assert new.key_id == rotation.new_key_id != old.key_id
+    assert not path.with_name("master.key.new").exists()
+    with transaction(rt.sessions) as session:
+        rows = list(session.scalars(select(StorageKey)))
+    assert {row.master_key_id for row in rows} == {new.key_id}
+    for row in rows:
+        unwrap_key(new.secret, row.wrapped, row.scope)
+        with pytest.raises(IntegrityError, match="integrity check"):
+            unwrap_key(old.secret, row.wrapped, row.scope)  # the old key opens nothing now
+    # the running server picks the new key up by itself, and everything reads as before
+    _, spec = _instance_with(ann, tick, backend, ["imgs"])
+    assert tree_digests(_materialise(http, spec, tmp_path / "cache")[0]["imgs"]) == pushed
+    (tmp_path / "imgs" / "more.txt").write_bytes(b"after the rotation")
+    assert sdk(ann).push_dataset(tmp_path / "imgs", "imgs").sent_bytes == 18
+
+
+def test_interrupted_rotations_are_settled_at_start(rt: Runtime, pushed: dict[str, str]) -> None:
+    path = rt.settings.master_key_path
+    pending = path.with_name("master.key.new")
+    current = read_master_key(path)
+    # a rotation that died before its commit: the pending key is dropped
+    pending.write_text("11" * 32 + "\n")
+    pending.chmod(0o600)
+    ring = finish_rotation(rt.sessions, path)
+    assert ring.current.key_id == current.key_id and not pending.exists()
+    # one that died after its commit, before replacing the file: the pending key wins
+    rotate_master_key(rt.sessions, path)
+    rotated = path.read_text()
+    path.write_text(current.secret.hex() + "\n")  # the old file is still in place
+    pending.write_text(rotated)
+    pending.chmod(0o600)
+    ring = finish_rotation(rt.sessions, path)
+    assert ring.current.key_id != current.key_id and path.read_text() == rotated
+
+
+def test_a_wrong_master_key_file_is_refused(rt: Runtime, pushed: dict[str, str]) -> None:
+    from gpulease.storage.crypto import KeyFileError
+
+    other = rt.settings.home / "other.key"
+    other.write_text("22" * 32 + "\n")
+    other.chmod(0o600)
+    with pytest.raises(KeyFileError, match="does not match this database"):
+        finish_rotation(rt.sessions, other)
+
+
+def test_instances_starting_together_fetch_a_version_once(
+    ann: Caller,
+    http: TestClient,
+    tick: Callable[[], None],
+    backend: FakeBackend,
+    pushed: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    specs = [_instance_with(ann, tick, backend, ["imgs"])[1] for _ in range(3)]
+    results: list[tuple[dict[str, Path], list[str]]] = []
+    errors: list[BaseException] = []
+
+    def start(spec: RunnerSpec) -> None:
+        try:
+            results.append(_materialise(http, spec, tmp_path / "cache"))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(spec,)) for spec in specs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len({found["imgs"] for found, _ in results}) == 1
+    fetched = [messages for _, messages in results if any("file list" in m for m in messages)]
+    assert len(fetched) == 1  # the others waited for it, then used it
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        ".locks",
+        results[0][0]["imgs"].name,
+    ]

@@ -1,0 +1,275 @@
+"""Datasets over the API: push, dedup, resume, versions, removal, quota, isolation."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from sqlalchemy import select
+from starlette.testclient import TestClient
+
+from datasets_support import random_tree, sdk, tree_digests, write_tree
+from factories import Caller
+from gpulease.client import ApiError, PushProgress
+from gpulease.client.datasets import push_directory
+from gpulease.server.db import transaction
+from gpulease.server.orm import StorageKey
+from gpulease.server.runtime import Runtime
+from gpulease.server.services.datasets import quota
+from gpulease.storage.chunking import CHUNK_SIZE, pack
+
+
+class Interrupt(PushProgress):
+    """Stops a push (as Ctrl-C would) once `after` bytes are done."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.done = 0
+
+    def started(self, files: int, size: int) -> None:
+        pass
+
+    def advanced(self, files: int, size: int) -> None:
+        self.done += size
+        if self.done >= self.after:
+            raise KeyboardInterrupt
+
+
+def test_push_versions_and_dedup(ann: Caller, tmp_path: Path) -> None:
+    client = sdk(ann)
+    big = bytes(range(256)) * (CHUNK_SIZE // 256) + b"tail"  # two chunks
+    tree = write_tree(
+        tmp_path / "cats",
+        {
+            "a.txt": b"alpha",
+            "same/a.txt": b"alpha",  # the same content: stored once
+            "empty": b"",
+            "deep/er/big.bin": big,
+        },
+    )
+    first = client.push_dataset(tree, "cats")
+    assert first.dataset.current_version == 1 and first.dataset.file_count == 4
+    assert first.sent_chunks == 3 and first.sent_bytes == 5 + len(big)
+    listing = client.list_datasets()
+    assert [d.name for d in listing.datasets] == ["cats"]
+    assert listing.usage.used_bytes == 5 + len(big)
+
+    again = client.push_dataset(tree, "cats")  # unchanged: nothing to send
+    assert again.dataset.current_version == 2 and again.sent_bytes == 0
+
+    (tree / "a.txt").write_bytes(b"beta!")
+    third = client.push_dataset(tree, "cats")
+    assert third.sent_chunks == 1 and third.sent_bytes == 5
+    detail = client.get_dataset("cats")
+    assert [v.number for v in detail.versions] == [3, 2, 1]
+    assert detail.pushes[0].bytes_received == 5 and detail.pushes[0].state == "committed"
+
+    # another dataset of the same user shares the chunks (dedup across datasets)
+    other = client.push_dataset(tree, "cats-copy")
+    assert other.sent_bytes == 0
+
+
+def test_interrupted_push_resumes_with_only_the_rest(ann: Caller, tmp_path: Path) -> None:
+    client = sdk(ann)
+    files = random_tree(tmp_path / "imgs", 300, 10_000)
+    total = sum(len(d) for d in files.values())
+    with pytest.raises(KeyboardInterrupt):
+        push_directory(
+            client,
+            tmp_path / "imgs",
+            "imgs",
+            progress=Interrupt(total // 3),
+            part_files=50,
+            pack_bytes=64_000,
+            threads=1,
+        )
+    # nothing is visible yet
+    assert client.list_datasets().datasets == []
+    with pytest.raises(ApiError) as missing:
+        client.get_dataset("imgs")
+    assert missing.value.status == 404
+
+    second = client.push_dataset(tmp_path / "imgs", "imgs")
+    pushes = client.get_dataset("imgs").pushes
+    first_push = next(p for p in pushes if p.id != second.push_id)
+    assert first_push.state == "abandoned" and first_push.bytes_received > 0
+    unique = {hashlib.sha256(d).hexdigest(): len(d) for d in files.values()}
+    assert first_push.bytes_received + second.sent_bytes == sum(unique.values())
+    assert 0 < second.sent_bytes < sum(unique.values())
+    assert second.dataset.file_count == 300 and second.dataset.size_bytes == total
+
+
+def _start(caller: Caller, name: str, files: int, size: int) -> int:
+    r = caller.post(
+        f"/api/v1/datasets/{name}/pushes", json={"name": name, "files": files, "bytes": size}
+    )
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+BAD_PATHS = [
+    ("../etc/passwd", "outside the dataset"),
+    ("a/../../b", "outside the dataset"),
+    ("/etc/passwd", "absolute"),
+    ("bad\x01name", "control character"),
+    ("line\nbreak", "control character"),
+    ("a/./b", "'.' part"),
+    ("a//b", "empty"),
+    ("back\\slash", "\\"),
+]
+
+
+def test_server_refuses_bad_paths(ann: Caller) -> None:
+    """The CLI refuses these too; the server must not rely on it."""
+    push = _start(ann, "bad", 1, 1)
+    sha = hashlib.sha256(b"x").hexdigest()
+    for path, words in BAD_PATHS:
+        r = ann.put(
+            f"/api/v1/datasets/bad/pushes/{push}/files/0",
+            json={"files": [{"path": path, "size": 1, "chunks": [sha]}]},
+        )
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert words in detail and "refused file path" in detail, (path, detail)
+    assert ann.get("/api/v1/datasets").json()["datasets"] == []
+
+
+def test_server_refuses_bad_names_and_inconsistent_lists(ann: Caller) -> None:
+    for name in ("Cats", "9lives", "a" * 65, "with space", "x\x00"):
+        url = f"/api/v1/datasets/{quote(name, safe='')}/pushes"
+        r = ann.post(url, json={"name": name, "files": 0, "bytes": 0})
+        assert r.status_code == 422 and "not a valid dataset name" in r.text, r.text
+    push = _start(ann, "set", 2, 3)
+    sha = hashlib.sha256(b"abc").hexdigest()
+    url = f"/api/v1/datasets/set/pushes/{push}"
+    r = ann.put(f"{url}/files/0", json={"files": [{"path": "a", "size": 3, "chunks": []}]})
+    assert r.status_code == 422 and "chunks" in r.json()["detail"]
+    r = ann.put(
+        f"{url}/files/0",
+        json={
+            "files": [
+                {"path": "a", "size": 3, "chunks": [sha]},
+                {"path": "a/b", "size": 0, "chunks": []},
+            ]
+        },
+    )
+    assert r.status_code == 200 and r.json()["missing"] == [sha]
+    # a chunk whose bytes do not match its hash is refused
+    r = ann.post(f"{url}/chunks", content=pack([(sha, b"abd")]))
+    assert r.status_code == 422 and "hash to" in r.json()["detail"]
+    # commit before the chunks: refused, nothing visible
+    r = ann.post(f"{url}/commit", json={"parts": 1, "files": 2, "bytes": 3})
+    assert r.status_code == 422 and "directory tree" in r.json()["detail"]
+    assert ann.get("/api/v1/datasets").json()["datasets"] == []
+    r = ann.put(f"{url}/files/0", json={"files": [{"path": "a", "size": 3, "chunks": [sha]}]})
+    r = ann.post(f"{url}/commit", json={"parts": 1, "files": 1, "bytes": 3})
+    assert r.status_code == 409 and "have not arrived" in r.json()["detail"]
+    r = ann.post(f"{url}/chunks", content=pack([(sha, b"abc")]))
+    assert r.status_code == 200 and r.json() == {"chunks": 1, "bytes": 3, "new_chunks": 1}
+    r = ann.post(f"{url}/commit", json={"parts": 1, "files": 1, "bytes": 3})
+    assert r.status_code == 201 and r.json()["current_version"] == 1
+    # a malformed pack
+    push = _start(ann, "set", 1, 3)
+    r = ann.post(f"/api/v1/datasets/set/pushes/{push}/chunks", content=b"\x00" * 10)
+    assert r.status_code == 422 and "malformed chunk pack" in r.json()["detail"]
+
+
+def test_quota(ann: Caller, rt: Runtime, tmp_path: Path) -> None:
+    rt.settings.storage_quota_gb = 0.000_100  # 100 kB
+    client = sdk(ann)
+    huge = write_tree(tmp_path / "huge", {"a.bin": b"a" * 150_000})
+    with pytest.raises(ApiError) as refused:
+        client.push_dataset(huge, "huge")
+    assert refused.value.status == 413
+    assert "150 kB" in refused.value.message and "100 kB" in refused.value.message
+
+    first = write_tree(tmp_path / "first", {"a.bin": b"1" * 60_000})
+    client.push_dataset(first, "first")
+    second = write_tree(tmp_path / "second", {"b.bin": b"2" * 50_000})
+    with pytest.raises(ApiError) as over:
+        client.push_dataset(second, "second")
+    assert over.value.status == 413
+    assert "needs 50 kB of new storage but only 40 kB is left" in over.value.message
+    assert "you use 60 kB of your 100 kB quota" in over.value.message
+    listing = client.list_datasets()
+    assert [d.name for d in listing.datasets] == ["first"]  # no partial dataset
+    assert listing.usage.used_bytes == 60_000  # the refused push's reservation is gone
+
+    client.remove_dataset("first")
+    assert client.list_datasets().usage.used_bytes == 0
+    client.push_dataset(second, "second")
+    with transaction(rt.sessions) as session:  # the counter moved with the rows throughout
+        assert quota.usage(session, 2) == quota.counted_usage(session, 2) == 50_000
+
+
+def test_remove_frees_only_unshared_chunks(ann: Caller, tmp_path: Path, rt: Runtime) -> None:
+    client = sdk(ann)
+    one = write_tree(tmp_path / "one", {"shared": b"s" * 1000, "own": b"o" * 2000})
+    two = write_tree(tmp_path / "two", {"shared": b"s" * 1000})
+    client.push_dataset(one, "one")
+    client.push_dataset(two, "two")
+    removed = client.remove_dataset("one")
+    assert removed.freed_chunks == 1 and removed.freed_bytes == 2000
+    assert client.list_datasets().usage.used_bytes == 1000
+    with pytest.raises(ApiError) as gone:
+        client.get_dataset("one")
+    assert gone.value.status == 404
+    assert rt.vault is not None
+    assert len(list(rt.vault.store.iterate("m/"))) == 1  # its manifest is gone, two's stays
+    (pack,) = rt.vault.store.iterate("p/")  # shared with two: the pack stays whole
+    with transaction(rt.sessions) as session:  # and the dataset key that sealed it
+        scopes = set(session.scalars(select(StorageKey.scope)))
+    assert scopes == {"master", "user:2", "dataset:2"}
+    again = client.push_dataset(one, "one")  # the name can be used again
+    assert again.sent_bytes == 2000
+    client.remove_dataset("one")
+    client.remove_dataset("two")
+    assert list(rt.vault.store.iterate("p/")) == [] and pack
+
+
+def test_other_users_see_nothing(ann: Caller, bob: Caller, tmp_path: Path) -> None:
+    push = sdk(ann).push_dataset(write_tree(tmp_path / "s", {"secret.txt": b"ann only"}), "secret")
+    assert bob.get("/api/v1/datasets").json()["datasets"] == []
+    assert bob.get("/api/v1/datasets/secret").status_code == 404
+    assert bob.delete("/api/v1/datasets/secret").status_code == 404
+    assert bob.get(f"/api/v1/datasets/secret/pushes/{push.push_id}").status_code == 404
+    r = bob.post(
+        f"/api/v1/datasets/secret/pushes/{push.push_id}/commit",
+        json={"parts": 0, "files": 0, "bytes": 0},
+    )
+    assert r.status_code == 404
+    r = bob.post("/api/v1/instances", json={"gpu": "T4:1", "datasets": ["secret"]})
+    assert r.status_code == 404 and "no dataset 'secret'" in r.json()["detail"]
+    assert bob.get("/api/v1/instances").json() == []
+    # bob's own push of the same content is not deduplicated against ann's
+    mine = sdk(bob).push_dataset(write_tree(tmp_path / "b", {"x.txt": b"ann only"}), "secret")
+    assert mine.sent_bytes == len(b"ann only")
+
+
+def test_rm_refused_while_mounted(ann: Caller, tmp_path: Path, tick) -> None:  # type: ignore[no-untyped-def]
+    sdk(ann).push_dataset(write_tree(tmp_path / "d", {"f": b"data"}), "d")
+    r = ann.post("/api/v1/instances", json={"gpu": "T4:1", "name": "box", "datasets": ["d"]})
+    assert r.status_code == 201, r.text
+    assert r.json()["datasets"] == {"d": 1}
+    r = ann.delete("/api/v1/datasets/d")
+    assert r.status_code == 409 and "box" in r.json()["detail"]
+    ann.post("/api/v1/instances/box/release")
+    tick()
+    assert ann.delete("/api/v1/datasets/d").status_code == 200
+
+
+def test_unknown_dataset_on_create(ann: Caller, http: TestClient) -> None:
+    r = ann.post("/api/v1/instances", json={"gpu": "T4:1", "datasets": ["nope"]})
+    assert r.status_code == 404 and "dataset ls" in r.json()["detail"]
+    r = ann.post("/api/v1/instances", json={"gpu": "T4:1", "datasets": ["Bad Name"]})
+    assert r.status_code == 422
+    assert ann.get("/api/v1/instances").json() == []
+
+
+def test_tree_digest_helper(tmp_path: Path) -> None:
+    files = random_tree(tmp_path / "t", 3, 100)
+    assert tree_digests(tmp_path / "t") == {
+        p: hashlib.sha256(d).hexdigest() for p, d in files.items()
+    }

@@ -1,0 +1,126 @@
+"""Blob stores: local files and S3 (moto's server on 127.0.0.1), one contract for both."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpulease.storage.blobs import BlobNotFound, BlobStore, FsBlobStore, S3BlobStore
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def s3_store(endpoint: str, bucket: str, prefix: str = "") -> S3BlobStore:
+    import boto3
+
+    client = boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+    client.create_bucket(Bucket=bucket)
+    return S3BlobStore(bucket, prefix=prefix, client=client)
+
+
+@pytest.fixture(params=["fs", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStore:
+    if request.param == "fs":
+        return FsBlobStore(tmp_path / "blobs")
+    endpoint = request.getfixturevalue("s3_endpoint")
+    return s3_store(endpoint, f"b-{abs(hash(str(tmp_path))) % 10**8}", prefix="gl/")
+
+
+def test_put_get_exists_delete_iterate(store: BlobStore) -> None:
+    store.put("u/1/abc/0001", b"one")
+    store.put("u/1/def/0002", b"two")
+    store.put("m/1/2/3", b"manifest")
+    store.sync()
+    assert store.get("u/1/abc/0001") == b"one"
+    assert store.exists("m/1/2/3") and not store.exists("m/1/2/4")
+    assert sorted(store.iterate("u/")) == ["u/1/abc/0001", "u/1/def/0002"]
+    assert sorted(store.iterate()) == ["m/1/2/3", "u/1/abc/0001", "u/1/def/0002"]
+    assert store.read_ranges("m/1/2/3", [(0, 3), (4, 4), (8, 0)]) == [b"man", b"fest", b""]
+    with pytest.raises(BlobNotFound):
+        store.read_ranges("m/1/2/3", [(6, 10)])
+    store.put("u/1/abc/0001", b"replaced")  # idempotent: replaced whole
+    assert store.get("u/1/abc/0001") == b"replaced"
+    store.delete("u/1/abc/0001")
+    store.delete("u/1/abc/0001")  # deleting what is gone is fine
+    assert not store.exists("u/1/abc/0001")
+    with pytest.raises(BlobNotFound, match="not in the store"):
+        store.get("u/1/abc/0001")
+
+
+def test_keys_are_checked(store: BlobStore) -> None:
+    for bad in ("", "/abs", "a//b", "a/../b", "a/./b", "a\nb"):
+        with pytest.raises(ValueError, match="not a valid blob key"):
+            store.put(bad, b"x")
+
+
+def test_fs_writes_are_atomic_and_private(tmp_path: Path) -> None:
+    store = FsBlobStore(tmp_path / "blobs")
+    barrier = threading.Barrier(4)
+
+    def writer(n: int) -> None:
+        barrier.wait()
+        for _ in range(50):
+            store.put("same/key", bytes([n]) * 10_000)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    data = store.get("same/key")
+    assert len(set(data)) == 1 and len(data) == 10_000  # one writer's bytes, whole
+    path = store.path_of("same/key")
+    assert path.stat().st_mode & 0o077 == 0
+    assert path.relative_to(store.root).parts[0] != "same"  # fanned out
+    assert not list(store.root.rglob(".*.tmp"))
+
+
+def test_the_server_runs_on_s3(
+    s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Settings choose the store; a push and a removal go through S3."""
+    from gpulease.server.services.datasets.vault import make_store
+    from gpulease.server.settings import Settings
+
+    s3_store(s3_endpoint, "gpulease-data")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    settings = Settings(
+        home=tmp_path,
+        blob_store="s3",
+        s3_bucket="gpulease-data",
+        s3_endpoint_url=s3_endpoint,
+        s3_region="us-east-1",
+        s3_prefix="prod",
+    )
+    store = make_store(settings)
+    assert isinstance(store, S3BlobStore)
+    store.put("k/1", b"v")
+    assert list(store.iterate()) == ["k/1"]
+    with pytest.raises(ValueError, match="GPULEASE_S3_BUCKET"):
+        Settings(home=tmp_path, blob_store="s3")
