@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 
 # ---- the main job: the server with its web console on embedded defaults --------------------
 server: setup
+	scripts/system-deps.sh server
 	$(BIN)/gpulease server
 
 setup: $(VENV)/.installed

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Debian packages the tests use: chromium for the browser tests, bubblewrap for sandboxing,
-# rsync for the dataset push benchmark.
+# Debian packages gpulease needs. `server`: bubblewrap, the sandbox every job runs in.
+# `test` (default): also chromium for the browser tests and rsync for the dataset push
+# benchmark's baseline.
 set -euo pipefail
 missing=()
-command -v chromium >/dev/null || missing+=(chromium)
 command -v bwrap >/dev/null || missing+=(bubblewrap)
-command -v rsync >/dev/null || missing+=(rsync)  # the dataset push benchmark's baseline
+if [ "${1:-test}" = "test" ]; then
+  command -v chromium >/dev/null || missing+=(chromium)
+  command -v rsync >/dev/null || missing+=(rsync)
+fi
 if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing Debian packages: ${missing[*]}; install them with: sudo apt-get install ${missing[*]}" >&2

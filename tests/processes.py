@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -126,6 +127,17 @@ class Platform:
 
     def cli_json(self, *args: str) -> object:
         return json.loads(self.cli(*args, "-o", "json").stdout)
+
+    def wait_status(self, ref: str, status: str, timeout: float = 120) -> dict[str, Any]:
+        """Poll `gpulease instance show` until the instance has status."""
+        deadline = time.monotonic() + timeout
+        got: Any = {}
+        while time.monotonic() < deadline:
+            got = self.cli_json("instance", "show", ref)
+            if got["status"] == status:
+                return dict(got)
+            time.sleep(0.3)
+        raise AssertionError(f"instance {ref} is {got.get('status')}, not {status}: {got}")
 
     def popen_cli(self, *args: str, stderr_path: Path) -> subprocess.Popen[str]:
         """The CLI in the background, stdout piped. Read it with .stdout.readline() and

@@ -41,7 +41,7 @@ def test_sigkill_the_server_during_a_run(platform: Platform, tmp_path: Path) -> 
     assert ticks == [f"tick {i}" for i in range(1, 13)], ticks  # every line, once, in order
 
     (instance,) = platform.cli_json("instance", "ls", "--all")  # type: ignore[misc]
-    assert instance["status"] == "released", instance
+    platform.wait_status(str(instance["id"]), "released")
     usage: Any = platform.cli_json("usage")
     (segment,) = usage["segments"]
     assert segment["ended_at"] is not None

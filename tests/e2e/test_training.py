@@ -49,7 +49,6 @@ def test_train_a_cnn_through_gpulease_run(platform: Platform, tmp_path: Path) ->
     before: Any = platform.cli_json("balance")
     started = time.monotonic()
     result = platform.cli("run", str(task / "task.yaml"))
-    wall = time.monotonic() - started
 
     epochs = [
         (float(m["loss"]), float(m["elapsed"]))
@@ -63,9 +62,11 @@ def test_train_a_cnn_through_gpulease_run(platform: Platform, tmp_path: Path) ->
     assert "train_images=1438" in result.stdout
     assert "saved=model.pt" in result.stdout
 
-    # the one-shot instance is released and its GPU is free again
+    # the one-shot instance is released (the CLI returns when the run ends; the stop and
+    # release follow within seconds) and its GPU is free again
     (instance,) = platform.cli_json("instance", "ls", "--all")  # type: ignore[misc]
-    assert instance["status"] == "released"
+    platform.wait_status(str(instance["id"]), "released")
+    wall = time.monotonic() - started
     gpus = {g["name"]: g for g in platform.cli_json("gpus")}  # type: ignore[union-attr]
     assert gpus["T4"]["free"] == 1
 
@@ -110,20 +111,9 @@ def test_exec_stop_start_keeps_the_workspace(platform: Platform) -> None:
     )
     platform.cli("exec", "box", "--", "echo kept > note.txt")
     platform.cli("instance", "stop", "box")
-    _wait_status(platform, "box", "stopped")
+    platform.wait_status("box", "stopped")
     platform.cli("instance", "start", "box")
-    _wait_status(platform, "box", "running")
+    platform.wait_status("box", "running")
     assert platform.cli("exec", "box", "--", "cat note.txt").stdout.strip() == "kept"
     platform.cli("instance", "release", "box")
-    _wait_status(platform, "box", "released")
-
-
-def _wait_status(platform: Platform, ref: str, status: str, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    got: Any = {}
-    while time.monotonic() < deadline:
-        got = platform.cli_json("instance", "show", ref)
-        if got["status"] == status:
-            return dict(got)
-        time.sleep(0.3)
-    raise AssertionError(f"instance {ref} is {got.get('status')}, not {status}: {got}")
+    platform.wait_status("box", "released")
