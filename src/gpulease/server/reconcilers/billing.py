@@ -7,15 +7,13 @@ from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from gpulease.core.errors import PaymentRequired
 from gpulease.core.money import format_credits
 from gpulease.server.db import transaction, utcnow
-from gpulease.server.orm import DatasetUsage, Instance, Notification, StorageMeter
+from gpulease.server.orm import DatasetUsage, Instance, StorageMeter
 from gpulease.server.runtime import Runtime
-from gpulease.server.services import ledger
+from gpulease.server.services import ledger, notifications
 from gpulease.server.services.billing import limits, plans, storage
 from gpulease.server.services.instances.lifecycle import release_instance, stop_instance
 from gpulease.server.services.instances.states import (
@@ -35,23 +33,6 @@ def tick(rt: Runtime) -> None:
     daily_blocks(rt)
     budgets(rt)
     release_stopped(rt)
-
-
-def notify_once(session: Session, user_id: int, kind: str, key: str, message: str) -> bool:
-    """A notice that goes out once per key, whatever replica or retry gets here first."""
-    if session.scalar(select(Notification.id).where(Notification.dedup_key == key)):
-        return False
-    try:
-        with session.begin_nested():
-            session.add(
-                Notification(
-                    user_id=user_id, kind=kind, message=message, created_at=utcnow(), dedup_key=key
-                )
-            )
-            session.flush()
-    except IntegrityError:
-        return False
-    return True
 
 
 def daily_blocks(rt: Runtime) -> None:
@@ -76,7 +57,7 @@ def daily_blocks(rt: Runtime) -> None:
             instance.reserved_until = None
             if instance.status in (STARTING, RUNNING):
                 stop_instance(session, instance, reason)
-                notify_once(
+                notifications.notify_once(
                     session,
                     instance.owner_id,
                     "daily_block_ended",
@@ -101,7 +82,7 @@ def budgets(rt: Runtime) -> None:
                 for instance in live:
                     if (instance.owner_id, instance.team_id) == (owner_id, team_id):
                         stop_instance(session, instance, f"stopped: {reason}; workspace kept")
-                notify_once(
+                notifications.notify_once(
                     session,
                     owner_id,
                     "budget_reached",
@@ -116,7 +97,7 @@ def budgets(rt: Runtime) -> None:
             balance = ledger.balance(session, owner_id)
             if spend > 0 and 0 < balance < threshold:
                 left = int(balance * 60 / spend)
-                notify_once(
+                notifications.notify_once(
                     session,
                     owner_id,
                     "low_balance",
@@ -138,7 +119,7 @@ def release_stopped(rt: Runtime) -> None:
             release_at = instance.stopped_at + keep
             if now >= release_at:
                 release_instance(session, instance)
-                notify_once(
+                notifications.notify_once(
                     session,
                     instance.owner_id,
                     "instance_released",
@@ -149,7 +130,7 @@ def release_stopped(rt: Runtime) -> None:
                 continue
             for days in rt.settings.release_warnings:
                 if now >= release_at - timedelta(days=days):
-                    notify_once(
+                    notifications.notify_once(
                         session,
                         instance.owner_id,
                         "release_warning",

@@ -175,15 +175,6 @@ def charge_usage(
     )
 
 
-def account_balance(session: Session, account: int) -> int:
-    total = session.scalar(
-        select(func.coalesce(func.sum(LedgerEntry.amount), 0)).where(
-            LedgerEntry.account_id == account
-        )
-    )
-    return int(total or 0)
-
-
 def balance(session: Session, user_id: int, team_id: int | None = None) -> int:
     """A wallet's balance: the user's own, or the team's when team_id is given."""
     if team_id is not None:

@@ -13,7 +13,6 @@ from gpulease.core.errors import InvalidInput, PaymentRequired
 from gpulease.core.money import format_credits
 from gpulease.server.orm import (
     Instance,
-    LedgerAccount,
     LedgerEntry,
     LedgerTransaction,
     SpendingLimit,
@@ -89,7 +88,6 @@ def month_spend(session: Session, user_id: int, now: datetime, team_id: int | No
     total = session.scalar(
         select(func.coalesce(func.sum(LedgerEntry.amount), 0))
         .join(LedgerTransaction, LedgerTransaction.id == LedgerEntry.transaction_id)
-        .join(LedgerAccount, LedgerAccount.id == LedgerEntry.account_id)
         .where(
             LedgerEntry.account_id == account,
             LedgerTransaction.kind.in_(SPEND_KINDS),
