@@ -9,7 +9,8 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from sqlalchemy.orm import Session
 
-from gpulease.core.errors import Forbidden, Unauthorized
+from gpulease.core.errors import Forbidden, InvalidInput, Unauthorized
+from gpulease.core.money import MoneyError, parse_credits
 from gpulease.server.db import transaction
 from gpulease.server.orm import User
 from gpulease.server.runtime import Runtime
@@ -76,3 +77,16 @@ def current_admin(session: Session, request: Request) -> User:
     if user.role != "admin":
         raise Forbidden("this needs an admin account")
     return user
+
+
+def credits(text: str | None, what: str) -> int | None:
+    """A user-typed amount in micro-credits; None stays None (no cap)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        value = parse_credits(text)
+    except MoneyError as exc:
+        raise InvalidInput(f"{what}: {exc}") from exc
+    if value < 0:
+        raise InvalidInput(f"{what} cannot be negative")
+    return value

@@ -7,7 +7,7 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import parse_accelerators
 from gpulease.core.errors import InvalidInput
-from gpulease.core.money import MoneyError, format_credits, ncu, parse_credits
+from gpulease.core.money import format_credits, ncu
 from gpulease.core.pricing import (
     FULL_BP,
     WEEKDAYS,
@@ -18,7 +18,7 @@ from gpulease.core.pricing import (
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Voucher
 from gpulease.server.routers.api.presenters import balance_public
-from gpulease.server.routers.deps import current_admin, current_user, runtime, tx
+from gpulease.server.routers.deps import credits, current_admin, current_user, runtime, tx
 from gpulease.server.schemas import (
     AdminLimitsUpdate,
     Balance,
@@ -35,19 +35,6 @@ from gpulease.server.services import ledger, users
 from gpulease.server.services.billing import limits, offpeak, plans, vouchers
 
 router = APIRouter(tags=["billing"])
-
-
-def credits(text: str | None, what: str) -> int | None:
-    """A user-typed amount in micro-credits; None stays None (no cap)."""
-    if text is None or not text.strip():
-        return None
-    try:
-        value = parse_credits(text)
-    except MoneyError as exc:
-        raise InvalidInput(f"{what}: {exc}") from exc
-    if value < 0:
-        raise InvalidInput(f"{what} cannot be negative")
-    return value
 
 
 @router.get("/plans")

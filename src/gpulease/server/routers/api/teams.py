@@ -8,8 +8,7 @@ from sqlalchemy.orm import Session
 from gpulease.core.money import format_credits
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Team, User
-from gpulease.server.routers.api.plans import credits
-from gpulease.server.routers.deps import current_user, runtime, tx
+from gpulease.server.routers.deps import credits, current_user, runtime, tx
 from gpulease.server.schemas import TeamCreate, TeamMemberPublic, TeamMemberUpdate, TeamPublic
 from gpulease.server.services import ledger
 from gpulease.server.services.billing import limits, teams
