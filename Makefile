@@ -45,6 +45,8 @@ bench: setup-dev
 	$(BIN)/python benchmarks/launch_latency.py
 	$(BIN)/python benchmarks/dataset_push.py
 	$(BIN)/python benchmarks/billing_tick.py
+	$(BIN)/python benchmarks/metrics_ingest.py
+	$(BIN)/python benchmarks/terminal_ready.py
 
 clean:
 	rm -rf $(VENV) .cache test-artifacts .pytest_cache .mypy_cache .ruff_cache

@@ -130,8 +130,8 @@ def main() -> None:
 
                 run_s = measure(progress, "gpulease run", args.n, one_run)
         finally:
-            platform.stop()
             platform.end_runners()
+            platform.stop()
 
     base = statistics.median(baseline)
     table = Table(title=f"launch latency, median of {args.n} (this host, SQLite, local backend)")

@@ -13,6 +13,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,3 +170,29 @@ class Platform:
                 return
             time.sleep(0.2)
         self.kill_runners("KILL")
+
+
+@contextmanager
+def running_platform(
+    tmp_path: Path, database_url: str, simulated: str, extra_env: Mapping[str, str] | None = None
+) -> Iterator[Platform]:
+    """A started Platform whose files are in tmp_path; on the way out it stops and its
+    runners end."""
+    ENV_CACHE.mkdir(parents=True, exist_ok=True)
+    p = Platform(
+        home=tmp_path / "home",
+        database_url=database_url,
+        port=free_port(),
+        simulated=simulated,
+        log_path=tmp_path / "server.log",
+        config=tmp_path / "cli-config.json",
+        extra_env=dict(extra_env or {}),
+    )
+    p.start()
+    try:
+        yield p
+    finally:
+        # Runners first, while the server can still take their /stopped: they then exit at
+        # once instead of waiting out end_runners' grace for a server that is gone.
+        p.end_runners()
+        p.stop()

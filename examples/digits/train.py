@@ -2,6 +2,10 @@
 
 Needs only torch, numpy and Pillow (the `pytorch` template). Uses the GPU when the instance
 has one (CUDA_VISIBLE_DEVICES is set by gpulease to exactly the instance's GPUs).
+
+Metrics reach gpulease three ways (docs/metrics.md): each epoch's `epoch=N loss=…` line on
+stdout, `track.log` (a no-op outside gpulease; skipped where gpulease is not installed),
+and with --tensorboard a SummaryWriter with default settings (needs `tensorboard`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import nn
+
+try:
+    from gpulease import track
+except ImportError:  # run where gpulease is not installed
+    track = None
 
 
 def load_split(root: Path, size: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -52,14 +61,26 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--save", type=Path, default=Path("model.pt"))
+    parser.add_argument(
+        "--tensorboard", action="store_true", help="also write ./runs/ with SummaryWriter()"
+    )
     args = parser.parse_args()
+    writer = None
+    if args.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter()  # default settings: ./runs/<date>_<host>/
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     print(f"device={device.type} name={name!r} torch={torch.__version__}", flush=True)
     x_train, y_train, classes = load_split(args.data / "train", args.size)
     x_val, y_val, _ = load_split(args.data / "val", args.size)
-    print(f"train_images={len(x_train)} val_images={len(x_val)} classes={len(classes)}", flush=True)
+    # "data" first: a line of information, not a metrics line (docs/metrics.md)
+    print(
+        f"data train_images={len(x_train)} val_images={len(x_val)} classes={len(classes)}",
+        flush=True,
+    )
     x_train, y_train = x_train.to(device), y_train.to(device)
     x_val, y_val = x_val.to(device), y_val.to(device)
     model = SmallCNN(len(classes), args.size).to(device)
@@ -83,11 +104,20 @@ def main() -> None:
         model.eval()
         with torch.no_grad():
             val_acc = (model(x_val).argmax(1) == y_val).float().mean().item()
+        train_loss, train_acc = loss_sum / total, correct / total
         print(
-            f"epoch={epoch} loss={loss_sum / total:.4f} acc={correct / total:.4f} "
+            f"epoch={epoch} loss={train_loss:.4f} acc={train_acc:.4f} "
             f"val_acc={val_acc:.4f} elapsed={time.monotonic() - started:.1f}",
             flush=True,
         )
+        if track is not None:
+            track.log(step=epoch, loss=train_loss, acc=train_acc, val_acc=val_acc)
+        if writer is not None:
+            writer.add_scalar("loss", train_loss, epoch)
+            writer.add_scalars("acc", {"train": train_acc, "val": val_acc}, epoch)
+            writer.flush()
+    if writer is not None:
+        writer.close()
     torch.save(model.state_dict(), args.save)
     print(f"saved={args.save}", flush=True)
 

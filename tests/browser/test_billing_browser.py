@@ -2,40 +2,29 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # the live-server fixtures, shared
-
-from datetime import timedelta  # noqa: E402
-
-import httpx  # noqa: E402
-from test_console_browser import (  # noqa: E402
-    CHROMIUM,
+from browser_support import (
+    ADMIN_PASSWORD,
+    BROWSER_MARKS,
     LiveServer,
-    browser,
-    server,
+    error_but_422,
+    log_in,
+    page_problems,
+    running_instance,
     shot,
 )
-
-from factories import RunnerDouble  # noqa: E402
-from gpulease.client import GpuleaseClient  # noqa: E402
-from gpulease.server.db import transaction  # noqa: E402
-from gpulease.server.reconcilers.loop import run_once  # noqa: E402
-from gpulease.server.services import metering  # noqa: E402
+from gpulease.client import GpuleaseClient
+from gpulease.server.db import transaction
+from gpulease.server.services import metering
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
 
-__all__ = ["browser", "server"]  # fixtures, used by name
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing"),
-]
+pytestmark = BROWSER_MARKS
 sync_api = pytest.importorskip("playwright.sync_api")
 expect = sync_api.expect
 
@@ -45,20 +34,8 @@ def test_create_form_estimates_live_and_creates(server: LiveServer, browser: Bro
         anonymous.register("dora", "cat-breeds-2024")
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
-    problems: list[str] = []
-    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    page.on(
-        "console",
-        lambda msg: (
-            problems.append(f"console {msg.type}: {msg.text}")
-            if msg.type == "error" and "422" not in msg.text
-            else None
-        ),
-    )
-    page.goto(server.url + "/login")
-    page.get_by_label("User name").fill("dora")
-    page.get_by_label("Password").fill("cat-breeds-2024")
-    page.get_by_role("button", name="Log in").click()
+    problems = page_problems(page, console=error_but_422)
+    log_in(page, server.url, "dora", "cat-breeds-2024")
     page.get_by_role("link", name="Create").click()
     expect(page).to_have_url(server.url + "/instances/new")
 
@@ -98,16 +75,7 @@ def test_create_form_estimates_live_and_creates(server: LiveServer, browser: Bro
 
 
 def test_admin_billing_page_draws_daily_revenue(server: LiveServer, browser: Browser) -> None:
-    with GpuleaseClient(server.url) as anonymous:
-        token = anonymous.register("erin", "cat-breeds-2024").token
-    with GpuleaseClient(server.url, token) as erin:
-        instance = erin.create_instance("A100-80GB:1", name="billed")
-    run_once(server.rt)
-    handle = server.backend.handle_for(instance.id)
-    assert handle is not None
-    with httpx.Client(base_url=server.url) as runner_http:
-        runner = RunnerDouble(runner_http, server.backend.runners[handle].spec.token)  # type: ignore[arg-type]
-        runner.ready()
+    instance = running_instance(server, "erin", "billed")
     with transaction(server.rt.sessions) as session:
         seg = metering.open_segment_of(session, instance.id)
         assert seg is not None
@@ -116,10 +84,7 @@ def test_admin_billing_page_draws_daily_revenue(server: LiveServer, browser: Bro
         metering.charge_segment(session, seg, seg.started_at + timedelta(hours=3))
 
     page = browser.new_context(viewport={"width": 1280, "height": 1100}).new_page()
-    page.goto(server.url + "/login?next=/billing")
-    page.get_by_label("User name").fill("admin")
-    page.get_by_label("Password").fill("admin-password-1")
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, server.url, "admin", ADMIN_PASSWORD, next_path="/billing")
     expect(page).to_have_url(server.url + "/billing")
     chart = page.get_by_test_id("revenue-chart")
     expect(chart).to_be_visible()

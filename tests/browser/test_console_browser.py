@@ -2,104 +2,25 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-import uvicorn
 
+from browser_support import ADMIN_PASSWORD, BROWSER_MARKS, LiveServer, page_problems, shot
 from factories import RunnerDouble
-from gpulease.backends.fake import FakeBackend
 from gpulease.client import GpuleaseClient
-from gpulease.server.app import create_app
 from gpulease.server.reconcilers.loop import run_once
 from gpulease.server.routers.deps import SESSION_COOKIE
-from gpulease.server.runtime import Runtime, build_runtime
-from gpulease.server.settings import Settings
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Browser, ConsoleMessage
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing: install Debian's chromium package"
-    ),
-]
+pytestmark = BROWSER_MARKS
 
 sync_api = pytest.importorskip("playwright.sync_api")
 expect = sync_api.expect
-
-
-@dataclass
-class LiveServer:
-    url: str
-    rt: Runtime
-    backend: FakeBackend
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LiveServer]:
-    """The real app under uvicorn on 127.0.0.1, reconcilers off: the test ticks them."""
-    settings = Settings(
-        home=tmp_path / "home", simulated_gpus="A100-80GB:2", admin_password="admin-password-1"
-    )
-    backend = FakeBackend()
-    rt = build_runtime(settings, backend)
-    app = create_app(settings, runtime=rt, reconcilers=False)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield LiveServer(f"http://127.0.0.1:{port}", rt, backend)
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
-        rt.engine.dispose()
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-def shot(page: Page, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
 
 
 def test_sign_up_then_watch_an_instance_and_its_log_live(
@@ -107,16 +28,7 @@ def test_sign_up_then_watch_an_instance_and_its_log_live(
 ) -> None:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
-    problems: list[str] = []
-    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    page.on(
-        "console",
-        lambda msg: (
-            problems.append(f"console {msg.type}: {msg.text}")
-            if msg.type in ("error", "warning") and not expected_refusal(msg.text)
-            else None
-        ),
-    )
+    problems = page_problems(page, console=unexpected_message)
 
     # Logged out: the dashboard sends us to the login page.
     page.goto(server.url + "/")
@@ -189,7 +101,7 @@ def test_sign_up_then_watch_an_instance_and_its_log_live(
             ]
     # Credit granted elsewhere shows up in the balance by itself.
     with GpuleaseClient(server.url) as anonymous:
-        admin_token = anonymous.login("admin", "admin-password-1").token
+        admin_token = anonymous.login("admin", ADMIN_PASSWORD).token
     with GpuleaseClient(server.url, admin_token) as admin:
         admin.admin_grant("carol", "25.00")
     expect(page.get_by_test_id("balance")).to_have_text("$35.0000")
@@ -211,11 +123,13 @@ def test_sign_up_then_watch_an_instance_and_its_log_live(
     assert problems == []
 
 
-def expected_refusal(console_text: str) -> bool:
-    """Chromium logs every 4xx page it loads; the forms answer refusals with 401 and 422."""
-    return console_text.startswith("Failed to load resource") and any(
-        f"status of {code} " in console_text for code in (401, 422)
+def unexpected_message(msg: ConsoleMessage) -> bool:
+    """Errors and warnings, but for Chromium's note of each 4xx page it loads: the forms
+    answer refusals with 401 and 422."""
+    expected_refusal = msg.text.startswith("Failed to load resource") and any(
+        f"status of {code} " in msg.text for code in (401, 422)
     )
+    return msg.type in ("error", "warning") and not expected_refusal
 
 
 def post_lines(

@@ -34,8 +34,8 @@ def tls_platform(tmp_path: Path) -> Iterator[Platform]:
     try:
         yield platform
     finally:
-        platform.stop()
         platform.end_runners()
+        platform.stop()
 
 
 def test_the_cli_pins_the_certificate_and_refuses_a_changed_one(tls_platform: Platform) -> None:

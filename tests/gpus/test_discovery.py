@@ -67,6 +67,22 @@ class FakeNvml:
     def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
         return 12040
 
+    # The sampling calls of the Nvml protocol (tests/gpus/test_sampling.py reads them).
+    NVML_TEMPERATURE_GPU = 0
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Any:
+        text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        return next(i for i, device in enumerate(self.devices) if device[1] == text)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        return SimpleNamespace(gpu=0, memory=0)
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return 0
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        return 0
+
 
 A100_80 = ("NVIDIA A100-SXM4-80GB", "GPU-aaaa", 81920)
 A100_40 = ("NVIDIA A100-PCIE-40GB", "GPU-bbbb", 40960)

@@ -224,7 +224,8 @@ def test_a_run_from_start_to_stop(
 
     assert sorted(server.chunks[4]) == list(range(len(server.chunks[4])))  # no gaps
     out = server.output(4)
-    assert f"python {venv}\n" in out["stdout"]
+    # runs use the instance's venv layer (envs/layer.py) over the template venv
+    assert f"python {runner.spec.workspace / '.gpulease' / 'venv'}\n" in out["stdout"]
     assert "cvd 0,1 epochs 2\n" in out["stdout"]
     assert "step=2 loss=0.33\n" in out["stdout"]
     assert "x" * 200_000 in out["stdout"]

@@ -64,6 +64,14 @@ def test_no_gpu_means_an_empty_cuda_visible_devices(tmp_path: Path) -> None:
     assert env["CUDA_VISIBLE_DEVICES"] == ""
 
 
+def test_the_instance_layer_comes_before_the_template_venv(tmp_path: Path) -> None:
+    layer, template = tmp_path / "ws" / ".gpulease" / "venv", tmp_path / "venv"
+    env = run_env(make_spec(tmp_path), template, 1, {}, base={"PATH": "/usr/bin"}, layer=layer)
+
+    assert env["PATH"] == f"{layer}/bin:{template}/bin:/usr/bin"
+    assert env["VIRTUAL_ENV"] == str(layer)
+
+
 def start(tmp_path: Path, command: str, **kwargs: float) -> RunProcess:
     env = run_env(make_spec(tmp_path, gpus=(3,)), tmp_path / "venv", 5, {"GREETING": "hi"})
     run = RunProcess(5, command, env=env, cwd=tmp_path, batcher=LogBatcher(), **kwargs)

@@ -282,6 +282,21 @@ def test_only_the_instances_gpu_device_nodes_are_bound(tmp_path: Path) -> None:
     assert sandbox.environment({})["CUDA_VISIBLE_DEVICES"] == "GPU-bbb"
 
 
+def test_workspace_paths_are_translated_to_workspace_inside(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    sandbox = Sandbox(workspace=workspace, env_dir=VENV, hostname="x")
+    env = sandbox.environment(
+        {
+            "PATH": f"{workspace}/.gpulease/venv/bin:{VENV}/bin:{workspace}-other/bin:/usr/bin",
+            "VIRTUAL_ENV": f"{workspace}/.gpulease/venv",
+        }
+    )
+
+    assert env["PATH"] == f"/workspace/.gpulease/venv/bin:{VENV}/bin:{workspace}-other/bin:/usr/bin"
+    assert env["VIRTUAL_ENV"] == "/workspace/.gpulease/venv"
+    assert sandbox.inside(workspace) == "/workspace"
+
+
 def test_the_environment_keeps_the_runners_secrets_out() -> None:
     env = base_environment(
         {

@@ -38,6 +38,8 @@ class RunnerSpec:
     # Where dataset versions are materialised on the node (runner/datasets.py), shared by
     # the node's instances; None: beside run_dir's parent, in ../datasets.
     dataset_cache: Path | None = None
+    # How often the runner samples its GPUs through NVML (runner/metrics.py); 0: never.
+    gpu_sample_interval_s: float = 5.0
 
     def to_json(self) -> str:
         return json.dumps(
@@ -56,6 +58,7 @@ class RunnerSpec:
                 "sandbox": self.sandbox,
                 "server_certificate": self.server_certificate,
                 "dataset_cache": str(self.dataset_cache) if self.dataset_cache else None,
+                "gpu_sample_interval_s": self.gpu_sample_interval_s,
             }
         )
 
@@ -77,6 +80,7 @@ class RunnerSpec:
             sandbox=bool(data.get("sandbox", False)),
             server_certificate=data.get("server_certificate"),
             dataset_cache=Path(data["dataset_cache"]) if data.get("dataset_cache") else None,
+            gpu_sample_interval_s=float(data.get("gpu_sample_interval_s", 5.0)),
         )
 
 

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from typing import Annotated
+
+import typer
 
 from gpulease.cli.connection import logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
     add_row,
+    console,
+    fail,
     print_json,
     show_table,
     table,
     when,
 )
-from gpulease.server.schemas import GpuModelPublic
+from gpulease.server.schemas import GpuModelPublic, TemplateAvailabilityPublic, TemplatePublic
+
+SAVE_POLL_S = 0.5
+SAVE_TIMEOUT_S = 300.0
 
 
 def availability_text(model: GpuModelPublic) -> str:
@@ -27,40 +36,140 @@ def availability_text(model: GpuModelPublic) -> str:
     return text
 
 
-def gpus(output: OutputOption = OutputFormat.table) -> None:
+def _availability_cell(item: TemplateAvailabilityPublic) -> str:
+    if not item.available:
+        return f"no: {item.reason}"
+    return f"yes ({item.note})" if item.note else "yes"
+
+
+def gpus(
+    output: OutputOption = OutputFormat.table,
+    template: Annotated[
+        str | None,
+        typer.Option(
+            "--template", "-t", help="also say whether each model runs this template, or why not"
+        ),
+    ] = None,
+) -> None:
     """GPU models: memory, NCU factor, price per hour and how many are free now."""
     with logged_in_client() as client:
         models = client.gpus()
+        fits = {a.model: a for a in client.template_availability(template)} if template else {}
     if output is OutputFormat.json:
-        print_json(models)
+        if not template:
+            print_json(models)
+            return
+        rows = []
+        for m in models:
+            row = m.model_dump(mode="json")
+            row["template"] = fits[m.name].model_dump(mode="json") if m.name in fits else None
+            rows.append(row)
+        print_json({"template": template, "models": rows})
         return
-    result = table("GPU", "MEMORY", "NCU FACTOR", "PRICE/H", "NCU/H", "DAY BLOCK", "FREE/TOTAL")
+    headers = ["GPU", "MEMORY", "NCU FACTOR", "PRICE/H", "NCU/H", "DAY BLOCK", "FREE/TOTAL"]
+    if template:
+        headers.append(f"TEMPLATE {template}")
+    result = table(*headers)
     for m in models:
         memory = f"{m.memory_gb:g} GB" if m.is_gpu else "-"
-        add_row(
-            result,
-            m.name,
-            memory,
-            m.ncu_factor,
-            m.hourly,
-            m.hourly_ncu,
-            m.daily,
-            availability_text(m),
-        )
+        cells = [m.name, memory, m.ncu_factor, m.hourly, m.hourly_ncu, m.daily]
+        cells.append(availability_text(m))
+        if template:
+            cells.append(_availability_cell(fits[m.name]) if m.name in fits else "-")
+        add_row(result, *cells)
     show_table(result, empty="the catalog is empty")
 
 
-def templates(output: OutputOption = OutputFormat.table) -> None:
-    """Environment templates an instance can start from."""
+templates_app = typer.Typer(
+    help="Environment templates: list them with where they run; save an instance's as yours.",
+    invoke_without_command=True,
+)
+
+
+def _short(note: str) -> str:
+    """A model's note in a table cell; `-o json` has the whole sentence."""
+    if "runs on the CPU" in note:
+        return "CPU mode"
+    if "minor-version compatibility" in note:
+        return "minor-version compat"
+    return note
+
+
+def _runs_on(t: TemplatePublic) -> tuple[str, str]:
+    """(the models it runs on, the models it cannot run on with the reason)."""
+    good = []
+    bad = []
+    for a in t.availability:
+        if a.available:
+            good.append(f"{a.model} ({_short(a.note)})" if a.note else a.model)
+        elif not (a.reason or "").startswith("no node offers"):
+            bad.append(f"{a.model}: {a.reason}")
+    return ", ".join(good) or "-", "; ".join(bad) or "-"
+
+
+@templates_app.callback()
+def templates(ctx: typer.Context, output: OutputOption = OutputFormat.table) -> None:
+    """Environment templates an instance can start from: built-in ones and your own
+    (mine/NAME), each with the GPU models whose nodes run it and, where not, why."""
+    if ctx.invoked_subcommand is not None:
+        return
     with logged_in_client() as client:
         found = client.templates()
     if output is OutputFormat.json:
         print_json(found)
         return
-    result = table("TEMPLATE", "PYTHON", "CUDA", "PACKAGES", "DESCRIPTION")
+    result = table("TEMPLATE", "BUILD", "PYTHON", "CUDA", "RUNS ON", "UNAVAILABLE", "DESCRIPTION")
     for t in found:
-        add_row(result, t.name, t.python, t.cuda or "-", ", ".join(t.packages), t.description)
+        name = t.name if t.status == "ready" else f"{t.name} ({t.status})"
+        runs_on, unavailable = _runs_on(t)
+        if t.status == "failed":
+            unavailable = t.error or "failed"
+        elif t.status == "pending":
+            runs_on = "- (being saved)"
+        add_row(result, name, t.label, t.python, t.cuda or "-", runs_on, unavailable, t.description)
     show_table(result, empty="no templates")
+
+
+@templates_app.command("save")
+def save(
+    instance: Annotated[str, typer.Argument(help="the running instance (name or id)")],
+    name: Annotated[str, typer.Argument(help="the new template's name; use it as mine/NAME")],
+    wait: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="wait until the runner has saved it")
+    ] = True,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Save a running instance's environment (its venv's `pip freeze`) as your template."""
+    with logged_in_client() as client:
+        saved = client.save_template(instance, name)
+        deadline = time.monotonic() + SAVE_TIMEOUT_S
+        while wait and saved.status == "pending" and time.monotonic() < deadline:
+            time.sleep(SAVE_POLL_S)
+            saved = next((t for t in client.templates() if t.name == saved.name), saved)
+    if output is OutputFormat.json:
+        print_json(saved)
+        return
+    if saved.status == "failed":
+        fail(f"template {saved.name} could not be saved: {saved.error}")
+    if saved.status == "pending":
+        console().print(
+            f"saving {saved.name}: the runner has not answered yet; see `gpulease templates`"
+        )
+        return
+    console().print(
+        f"saved {saved.name} ({len(saved.packages)} packages); start an instance from it with "
+        f"`gpulease instance create --template {saved.name}`"
+    )
+
+
+@templates_app.command("rm")
+def remove(
+    name: Annotated[str, typer.Argument(help="your template, as mine/NAME or NAME")],
+) -> None:
+    """Delete one of your own templates."""
+    with logged_in_client() as client:
+        client.delete_template(name)
+    console().print(f"deleted mine/{name.removeprefix('mine/')}")
 
 
 def nodes(output: OutputOption = OutputFormat.table) -> None:

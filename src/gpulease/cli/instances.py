@@ -122,6 +122,12 @@ def create(
         bool, typer.Option("--auto-renew", help="daily plan: buy the next block at the end")
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="accept the daily plan's rules")] = False,
+    idle_minutes: Annotated[
+        int | None, typer.Option("--idle-minutes", help="stop it after this many idle minutes")
+    ] = None,
+    max_runtime: Annotated[
+        int | None, typer.Option("--max-runtime", help="stop it after running this many minutes")
+    ] = None,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Rent an instance. It is queued until its GPUs are free, then starts."""
@@ -140,6 +146,8 @@ def create(
             team=team,
             start_when_cheap=when_cheap,
             auto_renew=auto_renew,
+            idle_minutes=idle_minutes,
+            max_runtime_minutes=max_runtime,
         )
         if output is OutputFormat.table:
             _print_instance_line(instance, "created")
@@ -216,9 +224,16 @@ def stop(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
 
 
 @instance_app.command("start")
-def start(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
+def start(
+    ref: RefArgument,
+    no_gpu: Annotated[
+        bool,
+        typer.Option("--no-gpu", help="CPU only, at the CPU price, for setup and data work"),
+    ] = False,
+    output: OutputOption = OutputFormat.table,
+) -> None:
     """Start a stopped instance again (it queues for its GPUs)."""
-    _act(ref, "start", output)
+    _act(ref, "start-no-gpu" if no_gpu else "start", output)
 
 
 @instance_app.command("release")
@@ -233,6 +248,8 @@ def _act(ref: str, action: str, output: OutputFormat) -> None:
             instance = client.stop_instance(ref)
         elif action == "start":
             instance = client.start_instance(ref)
+        elif action == "start-no-gpu":
+            instance = client.start_instance(ref, no_gpu=True)
         else:
             instance = client.release_instance(ref)
     if output is OutputFormat.json:

@@ -8,9 +8,13 @@ import typer
 from typer.core import TyperGroup
 
 from gpulease.cli import accounts, backup, billing, catalog, instances, runs, server, wallets
+from gpulease.cli import autostop as autostop_commands
 from gpulease.cli import datasets as dataset_commands
+from gpulease.cli import doctor as doctor_commands
 from gpulease.cli import estimates as estimate_commands
+from gpulease.cli import metrics as metric_commands
 from gpulease.cli import statements as statement_commands
+from gpulease.cli import support as support_commands
 from gpulease.cli.output import fail
 from gpulease.client import ClientError
 from gpulease.core.errors import GpuleaseError, InvalidInput
@@ -48,14 +52,17 @@ app.command("whoami")(accounts.whoami)
 app.add_typer(accounts.token_app, name="token")
 
 app.command("gpus")(catalog.gpus)
-app.command("templates")(catalog.templates)
+app.add_typer(catalog.templates_app, name="templates")  # issue 4: own templates
 app.command("nodes")(catalog.nodes)
+app.command("doctor")(doctor_commands.doctor)  # issue 4: driver/CUDA/framework checks
 
+autostop_commands.register(instances.instance_app)  # issue 4: autostop, schedule, resize
 app.add_typer(instances.instance_app, name="instance")
 app.command("exec")(runs.exec_)
 app.command("run")(runs.run)
 app.command("logs")(runs.logs)
 app.command("runs")(runs.runs)
+app.command("metrics")(metric_commands.metrics)  # issue 6
 
 app.command("balance")(billing.balance)
 app.command("usage")(billing.usage)
@@ -78,4 +85,5 @@ app.command("statement")(statement_commands.statement)
 billing.admin_app.command("revenue")(statement_commands.revenue)
 
 app.add_typer(dataset_commands.dataset_app, name="dataset")  # issue 5: datasets
+app.add_typer(support_commands.ticket_app, name="ticket")  # issue 6: support tickets
 billing.admin_app.command("rotate-master-key")(dataset_commands.rotate_master_key)

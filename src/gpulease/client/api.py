@@ -32,6 +32,12 @@ from gpulease.client.logstream import (
     decode_event,
     parse_sse,
 )
+from gpulease.client.runstream import (
+    START,
+    RunStreamEvent,
+    decode_run_event,
+    parse_sse_events,
+)
 from gpulease.client.trust import (
     CertificateChanged,
     UntrustedCertificate,
@@ -43,6 +49,7 @@ from gpulease.client.trust import (
 from gpulease.client.workdir import WorkdirArchive, pack_workdir
 from gpulease.server.schemas import (
     AuthResult,
+    AutostopPublic,
     Balance,
     DatasetChunksReceived,
     DatasetDetail,
@@ -54,18 +61,27 @@ from gpulease.server.schemas import (
     DatasetUploadPublic,
     EstimatePublic,
     GpuModelPublic,
+    InstanceGpus,
     InstancePublic,
     LedgerLine,
     LimitsPublic,
     LogPage,
     NodePublic,
+    NotificationChannelsPublic,
+    NotificationChannelsUpdate,
     NotificationPublic,
     OffPeakPublic,
     PlanQuote,
     RevenuePublic,
+    RunMetrics,
     RunPublic,
+    RunsCompared,
+    SchedulePublic,
     StatementPublic,
+    SupportTicketDetail,
+    SupportTicketPublic,
     TeamPublic,
+    TemplateAvailabilityPublic,
     TemplatePublic,
     TokenCreated,
     TokenPublic,
@@ -81,6 +97,7 @@ RETRYABLE_STATUSES = frozenset({502, 503, 504})
 STREAM_READ_TIMEOUT_S = 60.0
 
 M = TypeVar("M", bound=BaseModel)
+E = TypeVar("E")
 InstanceRef = int | str
 """An instance's id or its name."""
 ReconnectHook = Callable[[str, float], None]
@@ -283,7 +300,28 @@ class GpuleaseClient:
         return self._many(GpuModelPublic, "/gpus")
 
     def templates(self) -> list[TemplatePublic]:
+        """Built-in templates and your own (mine/NAME), each with where it can run."""
         return self._many(TemplatePublic, "/templates")
+
+    def template_availability(self, name: str) -> list[TemplateAvailabilityPublic]:
+        """Per GPU model: whether instances of it can run template `name`, and why not."""
+        quoted = "/".join(quote(part, safe="") for part in name.split("/"))
+        return self._many(TemplateAvailabilityPublic, f"/templates/{quoted}/availability")
+
+    def delete_template(self, name: str) -> None:
+        """Delete your template mine/NAME (NAME alone works too)."""
+        short = name.removeprefix("mine/")
+        self._send("DELETE", f"/templates/mine/{quote(short, safe='')}")
+
+    def save_template(self, ref: InstanceRef, name: str) -> TemplatePublic:
+        """Save a running instance's environment as your template mine/NAME (pending until
+        its runner has answered; see templates())."""
+        return self._one(
+            TemplatePublic,
+            "POST",
+            f"/instances/{_path_part(ref)}/save-template",
+            body={"name": name},
+        )
 
     def nodes(self) -> list[NodePublic]:
         """Hosts and their GPUs (admins only)."""
@@ -304,13 +342,16 @@ class GpuleaseClient:
         team: str | None = None,
         start_when_cheap: bool = False,
         auto_renew: bool = False,
+        idle_minutes: int | None = None,
+        max_runtime_minutes: int | None = None,
     ) -> InstancePublic:
         """Rent `gpu` ("A100-80GB:4"; None for CPU only). It starts queued; poll its status.
         awaiting_workdir: an upload_workdir() follows; the server holds the instance in the
         queue until it has the files. datasets: yours, mounted read-only at /data/NAME.
         plan: on_demand, daily or spot (see plans()); team: charge that team's wallet;
-        start_when_cheap: wait for an off-peak window; auto_renew: daily blocks renew."""
-        body = {
+        start_when_cheap: wait for an off-peak window; auto_renew: daily blocks renew.
+        idle_minutes, max_runtime_minutes: automatic stop (see set_autostop)."""
+        body: dict[str, object] = {
             "gpu": gpu,
             "template": template,
             "name": name,
@@ -322,6 +363,9 @@ class GpuleaseClient:
             "start_when_cheap": start_when_cheap,
             "auto_renew": auto_renew,
         }
+        if idle_minutes is not None or max_runtime_minutes is not None:
+            body["idle_minutes"] = idle_minutes
+            body["max_runtime_minutes"] = max_runtime_minutes
         return self._one(InstancePublic, "POST", "/instances", body=body)
 
     def list_instances(self, *, include_released: bool = False) -> list[InstancePublic]:
@@ -335,8 +379,71 @@ class GpuleaseClient:
         """Ask for a stop: billing ends once the runner has stopped; the workspace stays."""
         return self._one(InstancePublic, "POST", f"/instances/{_path_part(ref)}/stop")
 
-    def start_instance(self, ref: InstanceRef) -> InstancePublic:
-        return self._one(InstancePublic, "POST", f"/instances/{_path_part(ref)}/start")
+    def start_instance(self, ref: InstanceRef, *, no_gpu: bool = False) -> InstancePublic:
+        """Queue a stopped instance again; no_gpu: CPU only at the CPU price, for setup and
+        data work (a later plain start brings its GPUs back)."""
+        path = f"/instances/{_path_part(ref)}/start"
+        if no_gpu:
+            return self._one(InstancePublic, "POST", path, body={"no_gpu": True})
+        return self._one(InstancePublic, "POST", path)
+
+    # -- automatic stop and start, resize (issue 4) -------------------------------------
+
+    def autostop(self, ref: InstanceRef) -> AutostopPublic:
+        return self._one(AutostopPublic, "GET", f"/instances/{_path_part(ref)}/autostop")
+
+    def set_autostop(
+        self,
+        ref: InstanceRef,
+        *,
+        idle_util_pct: float | None = None,
+        idle_minutes: int | None = None,
+        max_runtime_minutes: int | None = None,
+        stop_after_run: int | None = None,
+    ) -> AutostopPublic:
+        """Replace the instance's automatic stop: idle below idle_util_pct % for
+        idle_minutes, after max_runtime_minutes running, when run stop_after_run ends.
+        None turns that part off."""
+        body = {
+            "idle_util_pct": idle_util_pct,
+            "idle_minutes": idle_minutes,
+            "max_runtime_minutes": max_runtime_minutes,
+            "stop_after_run": stop_after_run,
+        }
+        return self._one(AutostopPublic, "PUT", f"/instances/{_path_part(ref)}/autostop", body=body)
+
+    def add_schedule(
+        self, ref: InstanceRef, action: str, cron: str, *, timezone: str | None = None
+    ) -> SchedulePublic:
+        """Start or stop the instance at the times a cron expression names ("0 9 * * 1-5"),
+        in your time zone (set_timezone) unless `timezone` is given."""
+        body = {"action": action, "cron": cron, "timezone": timezone}
+        return self._one(
+            SchedulePublic, "POST", f"/instances/{_path_part(ref)}/schedules", body=body
+        )
+
+    def schedules(self, ref: InstanceRef) -> list[SchedulePublic]:
+        return self._many(SchedulePublic, f"/instances/{_path_part(ref)}/schedules")
+
+    def remove_schedule(self, ref: InstanceRef, schedule_id: int) -> None:
+        self._send("DELETE", f"/instances/{_path_part(ref)}/schedules/{int(schedule_id)}")
+
+    def set_timezone(self, timezone: str) -> UserPublic:
+        """Your time zone (an IANA name such as Europe/Berlin); schedules fire in it."""
+        return self._one(UserPublic, "PUT", "/me/timezone", body={"timezone": timezone})
+
+    def resize_instance(
+        self,
+        ref: InstanceRef,
+        gpu_model: str | None = None,
+        gpu_count: int | None = None,
+        *,
+        no_gpu: bool = False,
+    ) -> InstancePublic:
+        """Give a stopped instance another GPU model and/or count, or none (no_gpu); its
+        workspace is kept and its price follows the catalog."""
+        body = {"gpu_model": gpu_model, "gpu_count": gpu_count, "no_gpu": no_gpu}
+        return self._one(InstancePublic, "POST", f"/instances/{_path_part(ref)}/resize", body=body)
 
     def release_instance(self, ref: InstanceRef) -> InstancePublic:
         """Give the instance up for good: it stops and its workspace is deleted."""
@@ -409,16 +516,142 @@ class GpuleaseClient:
         """
         last_seq = after
         last_status: str | None = None
+
+        def fresh(lines: Iterator[str]) -> Iterator[LogStreamEvent | None]:
+            nonlocal last_seq, last_status
+            for message in parse_sse(lines):
+                event = decode_event(message)
+                if isinstance(event, LogEvent):
+                    if event.chunk.seq <= last_seq:
+                        event = None  # already delivered before a reconnect
+                    else:
+                        last_seq = event.chunk.seq
+                elif isinstance(event, StatusEvent):
+                    if event.run.status == last_status:
+                        event = None
+                    else:
+                        last_status = event.run.status
+                yield event
+
+        stream: Iterator[LogStreamEvent] = self._resumable_stream(
+            f"/runs/{int(run_id)}/logs/stream",
+            f"the log stream of run {run_id}",
+            lambda: {"after": last_seq},
+            fresh,
+            give_up_after=give_up_after,
+            retry_delay=retry_delay,
+            max_retry_delay=max_retry_delay,
+            on_reconnect=on_reconnect,
+        )
+        yield from stream
+
+    # -- metrics (issue 6) ------------------------------------------------------------------
+
+    def run_metrics(
+        self, run_id: int, keys: Sequence[str] | None = None, *, max_points: int = 2000
+    ) -> RunMetrics:
+        """The run's curves, each downsampled to at most max_points (extremes kept; the raw
+        points stay on the server: run_metrics_csv). keys None: every key."""
+        params: dict[str, str | int] = {"max_points": max_points}
+        if keys:
+            params["keys"] = ",".join(keys)
+        return self._one(RunMetrics, "GET", f"/runs/{int(run_id)}/metrics", params=params)
+
+    def run_metrics_csv(self, run_id: int) -> str:
+        """Every raw point of the run: key,step,value,time,source."""
+        return self._send("GET", f"/runs/{int(run_id)}/metrics.csv").text
+
+    def compare_runs(
+        self, run_ids: Sequence[int], key: str = "loss", *, max_points: int = 1000
+    ) -> RunsCompared:
+        """One key's curve of each run, to overlay."""
+        params: dict[str, str | int] = {
+            "ids": ",".join(str(int(i)) for i in run_ids),
+            "key": key,
+            "max_points": max_points,
+        }
+        return self._one(RunsCompared, "GET", "/runs/compare", params=params)
+
+    def instance_gpus(
+        self, ref: InstanceRef, *, minutes: int = 15, max_points: int = 300
+    ) -> InstanceGpus:
+        """The instance's GPUs: newest sample and recent readings (simulated ones flagged)."""
+        params = {"minutes": minutes, "max_points": max_points}
+        return self._one(InstanceGpus, "GET", f"/instances/{_path_part(ref)}/gpus", params=params)
+
+    def iter_run_events(
+        self,
+        run_id: int,
+        since: str = START,
+        *,
+        keys: Sequence[str] | None = None,
+        logs: bool = True,
+        give_up_after: float | None = 600.0,
+        retry_delay: float = 0.2,
+        max_retry_delay: float = 5.0,
+        on_reconnect: ReconnectHook | None = None,
+    ) -> Iterator[RunStreamEvent]:
+        """Live events of a run until its EndEvent: LogEvent per output chunk, MetricEvent
+        per batch of new metric points, StatusEvent per status change, then EndEvent.
+
+        since: a stream position "LOG_SEQ:POINT_ID" ("-1:0": from the start; after
+        run_metrics(), f"-1:{metrics.last_point_id}" gives every log chunk but only newer
+        points). A dropped connection is resumed from the last event received (the server's
+        Last-Event-ID), so nothing is lost or repeated.
+        """
+        position = since
+        params: dict[str, str] = {"logs": "true" if logs else "false"}
+        if keys:
+            params["keys"] = ",".join(keys)
+
+        def events(lines: Iterator[str]) -> Iterator[RunStreamEvent | None]:
+            nonlocal position
+            for message in parse_sse_events(lines):
+                event = decode_run_event(message)
+                if message.id is not None:
+                    position = message.id
+                yield event
+
+        stream: Iterator[RunStreamEvent] = self._resumable_stream(
+            f"/runs/{int(run_id)}/stream",
+            f"the event stream of run {run_id}",
+            lambda: {**params, "since": position},
+            events,
+            give_up_after=give_up_after,
+            retry_delay=retry_delay,
+            max_retry_delay=max_retry_delay,
+            on_reconnect=on_reconnect,
+        )
+        yield from stream
+
+    def _resumable_stream(
+        self,
+        path: str,
+        what: str,
+        params: Callable[[], Mapping[str, str | int]],
+        read: Callable[[Iterator[str]], Iterator[E | None]],
+        *,
+        give_up_after: float | None,
+        retry_delay: float,
+        max_retry_delay: float,
+        on_reconnect: ReconnectHook | None,
+    ) -> Iterator[E]:
+        """GET an event stream and yield what `read` makes of its lines, until an EndEvent.
+
+        `read` yields None for a message it passes over (that still counts as the stream
+        working). A dropped connection or a proxy's 502/503/504 is retried with backoff;
+        `params()` is asked again for each connection, so `read` moves the resume position.
+        ServerUnreachable only after `give_up_after` seconds without a message (None: never).
+        """
         delay = retry_delay
         failing_since: float | None = None
-        path = f"/runs/{int(run_id)}/logs/stream"
         timeout = httpx.Timeout(self.timeout, read=STREAM_READ_TIMEOUT_S)
         while True:
             try:
                 with self._http.stream(
                     "GET",
                     self._url(path),
-                    params={"after": last_seq},
+                    params=params(),
                     headers=self._headers({"Accept": "text/event-stream"}),
                     timeout=timeout,
                 ) as response:
@@ -428,23 +661,13 @@ class GpuleaseClient:
                         if response.status_code in RETRYABLE_STATUSES:
                             raise _Retryable(error.message)
                         raise error
-                    for message in parse_sse(response.iter_lines()):
-                        event = decode_event(message)
+                    for event in read(response.iter_lines()):
                         failing_since, delay = None, retry_delay
-                        if isinstance(event, LogEvent):
-                            if event.chunk.seq <= last_seq:
-                                continue  # already delivered before a reconnect
-                            last_seq = event.chunk.seq
-                        elif isinstance(event, StatusEvent):
-                            if event.run.status == last_status:
-                                continue
-                            last_status = event.run.status
-                        elif isinstance(event, EndEvent):
-                            yield event
-                            return
-                        else:
+                        if event is None:
                             continue
                         yield event
+                        if isinstance(event, EndEvent):
+                            return
                 reason = "the server ended the stream early"
             except httpx.TransportError as exc:
                 if certificate_problem(exc) is not None:
@@ -460,8 +683,7 @@ class GpuleaseClient:
             elif give_up_after is not None and now - failing_since > give_up_after:
                 raise ServerUnreachable(
                     self.server_url,
-                    f"the log stream of run {run_id} broke ({reason}) and reconnecting "
-                    f"has failed for {give_up_after:g} s",
+                    f"{what} broke ({reason}) and reconnecting has failed for {give_up_after:g} s",
                 )
             if on_reconnect is not None:
                 on_reconnect(reason, delay)
@@ -725,3 +947,54 @@ class GpuleaseClient:
             "GET", "/admin/revenue.csv", params=params, headers={"Accept": "text/csv"}
         )
         return response.text
+
+    # -- notification channels, support tickets ------------------------------------------------
+
+    def notification_channels(self) -> NotificationChannelsPublic:
+        return self._one(NotificationChannelsPublic, "GET", "/notifications/channels")
+
+    def set_notification_channels(self, **fields: object) -> NotificationChannelsPublic:
+        """Change only the fields given (webhook_url, email, rotate_secret, ...; see
+        NotificationChannelsUpdate); the answer has webhook_secret when one was made."""
+        body = NotificationChannelsUpdate.model_validate(fields).model_dump(exclude_unset=True)
+        return self._one(NotificationChannelsPublic, "PUT", "/notifications/channels", body=body)
+
+    def mark_notification_read(self, notification_id: int) -> NotificationPublic:
+        return self._one(NotificationPublic, "POST", f"/notifications/{notification_id}/read")
+
+    def open_ticket(
+        self,
+        subject: str,
+        body: str,
+        *,
+        instance: InstanceRef | None = None,
+        run_id: int | None = None,
+        attach_log: bool = False,
+    ) -> SupportTicketDetail:
+        """A support ticket; attach_log adds the last 200 lines of run_id's log."""
+        request = {
+            "subject": subject,
+            "body": body,
+            "instance": None if instance is None else str(instance),
+            "run_id": run_id,
+            "attach_log": attach_log,
+        }
+        return self._one(SupportTicketDetail, "POST", "/support/tickets", body=request)
+
+    def tickets(self) -> list[SupportTicketPublic]:
+        """Your tickets (an admin: everyone's), latest activity first."""
+        return self._many(SupportTicketPublic, "/support/tickets")
+
+    def ticket(self, ticket_id: int) -> SupportTicketDetail:
+        return self._one(SupportTicketDetail, "GET", f"/support/tickets/{ticket_id}")
+
+    def reply_ticket(self, ticket_id: int, body: str) -> SupportTicketDetail:
+        return self._one(
+            SupportTicketDetail,
+            "POST",
+            f"/support/tickets/{ticket_id}/messages",
+            body={"body": body},
+        )
+
+    def close_ticket(self, ticket_id: int) -> SupportTicketDetail:
+        return self._one(SupportTicketDetail, "POST", f"/support/tickets/{ticket_id}/close")

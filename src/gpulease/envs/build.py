@@ -139,6 +139,7 @@ def _build(template: Template, env_dir: Path, report: Callable[[str], None]) -> 
             "install",
             "--disable-pip-version-check",
             "--no-input",
+            *template.pip_options(),
             *template.packages,
         ],
         what=f"pip install {packages} for template {template.name}",

@@ -16,7 +16,7 @@ _MIB = 1024 * 1024
 
 
 class Nvml(Protocol):
-    """The part of NVML (the `pynvml` module of nvidia-ml-py) that discovery uses."""
+    """The part of NVML (the `pynvml` module of nvidia-ml-py) that discovery and sampling use."""
 
     NVMLError: type[Exception]
 
@@ -29,6 +29,14 @@ class Nvml(Protocol):
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
     def nvmlSystemGetDriverVersion(self) -> str | bytes: ...
     def nvmlSystemGetCudaDriverVersion_v2(self) -> int: ...
+
+    # sampling (gpus/sampling.py)
+    NVML_TEMPERATURE_GPU: int
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Any: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,7 @@ def cuda_version_text(version: int) -> str:
     return f"{version // 1000}.{(version % 1000) // 10}"
 
 
-def _load_pynvml() -> Nvml | None:
+def load_pynvml() -> Nvml | None:
     try:
         import pynvml
     except ImportError:
@@ -172,7 +180,7 @@ def discover(catalog: Catalog, simulated: str = "", nvml: Nvml | None = None) ->
     Raises InvalidInput when `simulated` names a model the catalog does not have.
     """
     fake = parse_simulated(catalog, simulated)  # a typo fails before NVML is touched
-    api = nvml if nvml is not None else _load_pynvml()
+    api = nvml if nvml is not None else load_pynvml()
     driver, cuda, real = (None, None, []) if api is None else _real_gpus(catalog, api)
     first = max((gpu.index for gpu in real), default=-1) + 1
     gpus = real + [replace(gpu, index=first + gpu.index) for gpu in fake]

@@ -16,12 +16,17 @@ from typing import Any
 
 import httpx
 
+from gpulease import doctor
 from gpulease.backends.base import RunnerSpec
 from gpulease.envs.build import EnvBuildError, ensure_env, env_python
+from gpulease.envs.layer import ensure_layer
+from gpulease.envs.snapshot import TaskRunner
 from gpulease.runner.connection import Aborted, Connection, ServerGone, Unreachable
 from gpulease.runner.datasets import DatasetError, links_dir, materialise
 from gpulease.runner.jobs import LEFTOVER_GRACE_S, STOP_GRACE_S, RunProcess, run_env, stop_runs
+from gpulease.runner.jupyter import JupyterLab
 from gpulease.runner.logs import LogBatcher
+from gpulease.runner.metrics import SDK_DIR, RunMetrics, prepare_run, sample_gpus, send_metrics
 from gpulease.runner.sandbox import (
     Sandbox,
     SandboxError,
@@ -30,6 +35,7 @@ from gpulease.runner.sandbox import (
     probe,
     resolve_gpus,
 )
+from gpulease.runner.streams import ShellSetup, Streams, shell_environment
 from gpulease.runner.workdir import UnsafeArchive, extract_workdir
 
 log = logging.getLogger(__name__)
@@ -52,6 +58,7 @@ class _Run:
     process: RunProcess
     reporter: threading.Thread | None = None
     reported: bool = False  # exit acknowledged, or nobody left to tell
+    metrics: RunMetrics | None = None
 
 
 class Agent:
@@ -79,10 +86,15 @@ class Agent:
         self._lock = threading.Lock()
         self._accepting = True
         self._runs: dict[int, _Run] = {}
-        self._env_dir = Path()
+        self._env_dir = Path()  # the template's shared venv, read-only in the sandbox
+        self._layer_dir = Path()  # the instance's own venv on top of it (envs/layer.py)
+        self._tasks: TaskRunner | None = None
         self._sandbox: Sandbox | None = None
         # Mounted datasets: name -> read-only host directory (runner/datasets.py).
         self.dataset_dirs: dict[str, Path] = {}
+        # Terminal and JupyterLab streams the server asks for (runner/streams.py).
+        self._streams: Streams | None = None
+        self._jupyter: JupyterLab | None = None
         self.connection = Connection(
             spec.server_url,
             spec.token,
@@ -127,8 +139,20 @@ class Agent:
         if not response.is_success:
             return self._fail(f"the server refused ready with HTTP {response.status_code}")
         log.info("instance %d is ready", self.spec.instance_id)
+        self._open_streams()
         for target in (self._heartbeats, self._poll_commands):
             threading.Thread(target=self._forever, args=(target,), daemon=True).start()
+        threading.Thread(
+            target=sample_gpus,
+            args=(
+                self.connection,
+                self.spec.gpu_uuids,
+                self.spec.gpu_sample_interval_s,
+                self._finished,
+            ),
+            name="gpu-samples",
+            daemon=True,
+        ).start()
         while not self._stopping.wait(0.5):
             pass
         return self._shutdown()
@@ -158,6 +182,8 @@ class Agent:
         env_dir = ensure_env(template, self.spec.env_cache, self._status)
         self._status("preparing the workspace")
         self._fetch_workdir()
+        self._layer_dir = ensure_layer(env_dir, self.spec.workspace)
+        doctor.install(self.spec.run_dir / SDK_DIR)  # `python -m gpulease.doctor` in runs
         self.dataset_dirs = materialise(self.spec, self.connection, self._status)
         self._check_stop()
         return env_dir
@@ -252,6 +278,11 @@ class Agent:
                 runs = _json(response).get("runs")
                 for item in runs if isinstance(runs, list) else []:
                     self._start_run(item)
+                if self._streams is not None:
+                    self._streams.handle(_json(response).get("streams"))
+                if self._tasks is None:  # snapshot_env (envs/snapshot.py)
+                    self._tasks = TaskRunner(self.connection, self._layer_dir, API)
+                self._tasks.handle(_json(response).get("tasks"))
             elif not self._stopping.is_set():
                 self._stopping.wait(1.0)
             if time.monotonic() - asked < FLUSH_INTERVAL_S:  # a server that answers at once
@@ -276,6 +307,10 @@ class Agent:
                 extra,
                 base=base_environment(os.environ) if jail else None,
                 datasets_dir=self._datasets_dir(jail is not None),
+                layer=self._layer_dir,
+            )
+            env, jail, metrics = prepare_run(
+                self.spec.run_dir, self.spec.workspace, run_id, env, jail
             )
             process = RunProcess(
                 run_id,
@@ -285,9 +320,10 @@ class Agent:
                 batcher=LogBatcher(),
                 leftover_grace_s=self._leftover_grace,
                 sandbox=jail,
+                on_output=metrics.on_output,
             )
             process.start()
-            run = _Run(process)
+            run = _Run(process, metrics=metrics)
             run.reporter = threading.Thread(
                 target=self._report, args=(run,), name=f"run-{run_id}-report", daemon=True
             )
@@ -317,6 +353,52 @@ class Agent:
             )
         return self._sandbox
 
+    # -- terminal and JupyterLab (runner/streams.py, runner/jupyter.py) -----------------------
+
+    def _open_streams(self) -> None:
+        self._jupyter = JupyterLab(
+            run_dir=self.spec.run_dir,
+            env_cache=self.spec.env_cache,
+            base_url=f"/instances/{self.spec.instance_id}/jupyter/",
+            shell=self._jupyter_shell,
+            stopping=self._stopping,
+        )
+        self._streams = Streams(
+            self.spec.server_url,
+            self.spec.token,
+            shell=self._shell,
+            jupyter=self._jupyter.ensure,
+            server_certificate=self.spec.server_certificate,
+        )
+
+    def _shell(self) -> ShellSetup:
+        """How a terminal starts: a run's environment and sandbox, without a run id."""
+        with self._lock:
+            jail = self._run_sandbox()
+        env = run_env(
+            self.spec,
+            self._env_dir,
+            0,
+            {},
+            base=base_environment(os.environ) if jail else None,
+            datasets_dir=self._datasets_dir(jail is not None),
+            layer=self._layer_dir,
+        )
+        return ShellSetup(shell_environment(env, jail), str(self.spec.workspace), jail)
+
+    def _jupyter_shell(self) -> tuple[dict[str, str], str, Sandbox | None, Path]:
+        """A terminal's setup and the venv notebook kernels run on: the instance's layer, as
+        the sandbox sees it when there is one."""
+        setup = self._shell()
+        layer = Path(setup.sandbox.inside(self._layer_dir)) if setup.sandbox else self._layer_dir
+        return dict(setup.env), setup.cwd, setup.sandbox, layer
+
+    def _close_streams(self) -> None:
+        if self._streams is not None:
+            self._streams.close()
+        if self._jupyter is not None:
+            self._jupyter.stop()
+
     def _report(self, run: _Run) -> None:
         """started, then log chunks as they come, then exit once every chunk is acknowledged."""
         process = run.process
@@ -324,6 +406,14 @@ class Agent:
         path = f"{API}/runs/{process.run_id}"
         try:
             self.connection.call("POST", f"{path}/started", json={"pid": process.pid})
+            metrics = threading.Thread(
+                target=send_metrics,
+                args=(self.connection, process.run_id, run.metrics),
+                name=f"run-{process.run_id}-metrics",
+                daemon=True,
+            )
+            if run.metrics is not None:
+                metrics.start()
             while True:
                 finished = process.finished
                 batcher.seal()
@@ -334,6 +424,9 @@ class Agent:
                 if finished:
                     break
                 batcher.wait(FLUSH_INTERVAL_S)
+            if run.metrics is not None:  # every point is sent before the exit
+                run.metrics.close()
+                metrics.join()
             self.connection.call("POST", f"{path}/exit", json={"exit_code": process.exit_code})
             log.info("run %d: exit %s reported", process.run_id, process.exit_code)
         except ServerGone:
@@ -350,6 +443,7 @@ class Agent:
         with self._lock:
             self._accepting = False
             runs = list(self._runs.values())
+        self._close_streams()
         stop_runs([run.process for run in runs], self._stop_grace)
         deadline = time.monotonic() + SHUTDOWN_REPORT_S
         for run in runs:
@@ -362,6 +456,7 @@ class Agent:
         with self._lock:
             self._accepting = False
             runs = list(self._runs.values())
+        self._close_streams()
         stop_runs([run.process for run in runs], self._stop_grace)
 
     def _stopped(self) -> int:

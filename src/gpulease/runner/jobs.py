@@ -13,7 +13,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -40,10 +40,15 @@ def run_env(
     extra: Mapping[str, str],
     base: Mapping[str, str] | None = None,
     datasets_dir: str | None = None,
+    layer: Path | None = None,
 ) -> dict[str, str]:
     """The environment of a run: the runner's own (base), the instance's extra_env, the run's
     env, then what the protocol fixes and nobody may override: CUDA_VISIBLE_DEVICES (exactly
-    the instance's GPUs, in NVML's PCI order), the venv first on PATH, GPULEASE_* ids."""
+    the instance's GPUs, in NVML's PCI order), the venvs first on PATH, GPULEASE_* ids.
+
+    layer: the instance's writable venv (envs/layer.py); its bin comes before the template
+    venv's and it is VIRTUAL_ENV. Host paths: a sandbox translates them (Sandbox.environment).
+    """
     env = {
         key: value
         for key, value in (os.environ if base is None else base).items()
@@ -51,12 +56,12 @@ def run_env(
     }
     env.update(spec.extra_env)
     env.update(extra)
-    venv_bin = str(env_dir / "bin")
-    path = env.get("PATH") or os.defpath
+    venvs = [env_dir] if layer is None else [layer, env_dir]
+    path = os.pathsep.join([*(str(venv / "bin") for venv in venvs), env.get("PATH") or os.defpath])
     env.update(
         {
-            "PATH": f"{venv_bin}{os.pathsep}{path}",
-            "VIRTUAL_ENV": str(env_dir),
+            "PATH": path,
+            "VIRTUAL_ENV": str(venvs[0]),
             "CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in spec.gpu_indices),
             # NVML and nvidia-smi number GPUs in PCI bus order; CUDA, unless told, puts the
             # fastest first. Without this, index 1 could be another tenant's GPU.
@@ -92,6 +97,7 @@ class RunProcess:
         batcher: LogBatcher,
         leftover_grace_s: float = LEFTOVER_GRACE_S,
         sandbox: Sandbox | None = None,
+        on_output: Callable[[str, str], None] | None = None,
     ) -> None:
         self.run_id = run_id
         self.command = command
@@ -105,6 +111,9 @@ class RunProcess:
         self._readers: list[threading.Thread] = []
         self._abandon = threading.Event()
         self._sandbox = sandbox
+        # Also given every piece of output, (stream, text), from the reader threads
+        # (runner/metrics.py parses stdout for key=value lines).
+        self._on_output = on_output
 
     def start(self) -> None:
         """Spawn the run. A run that cannot be spawned ends at once with exit code 127 and
@@ -176,10 +185,18 @@ class RunProcess:
                 data = os.read(fd, READ_BYTES)
                 if not data:
                     break
-                self.batcher.write(stream, decoder.decode(data))
-            self.batcher.write(stream, decoder.decode(b"", final=True))
+                self._write(stream, decoder.decode(data))
+            self._write(stream, decoder.decode(b"", final=True))
         finally:
             pipe.close()
+
+    def _write(self, stream: str, text: str) -> None:
+        self.batcher.write(stream, text)
+        if self._on_output is not None and text:
+            try:
+                self._on_output(stream, text)
+            except Exception:  # the log must go on whatever happens to metrics
+                log.exception("run %d: reading metrics from its output failed", self.run_id)
 
     def _watch(self) -> None:
         assert self._process is not None

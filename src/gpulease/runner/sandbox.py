@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 BWRAP = "/usr/bin/bwrap"
 WORKSPACE = "/workspace"
 DATA_ROOT = "/data"
+# The metrics SDK (read-only) and the run's metrics directory (writable), runner/metrics.py.
+SDK_ROOT = "/opt/gpulease/sdk"
+METRICS_ROOT = "/opt/gpulease/metrics"
+JUPYTER_ROOT = "/opt/gpulease/jupyter"
 PROBE_TIMEOUT_S = 20.0
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -237,12 +241,25 @@ class Sandbox:
     private: tuple[Path, ...] = ()
     bwrap: str = BWRAP
     dev: Path = Path("/dev")
+    # The gpulease SDK package directory, read-only at SDK_ROOT; and the one run's metrics
+    # directory, writable at METRICS_ROOT (set per run with dataclasses.replace).
+    sdk: Path | None = None
+    metrics: Path | None = None
+    # JupyterLab (runner/jupyter.py): its tools venv, read-only at its own path, and the
+    # directory of its unix socket and kernelspec, writable at JUPYTER_ROOT.
+    tools_env: Path | None = None
+    jupyter_dir: Path | None = None
 
-    def command(self, argv: Sequence[str], *, info_fd: int | None = None) -> list[str]:
+    def command(
+        self, argv: Sequence[str], *, info_fd: int | None = None, terminal: bool = False
+    ) -> list[str]:
         """The bwrap command line that runs argv inside the sandbox. info_fd: bwrap writes
         {"child-pid": N} there (the host pid of the sandbox's init, whose session and
-        process group the job's processes share) and closes it."""
-        args = [self.bwrap, *NAMESPACE_ARGS, "--hostname", self.hostname]
+        process group the job's processes share) and closes it. terminal: argv runs on a
+        PTY of its own (runner/streams.py) and keeps it as controlling terminal, so no
+        --new-session (TIOCSTI can only reach that PTY, not the runner's terminal)."""
+        namespaces = [a for a in NAMESPACE_ARGS if not (terminal and a == "--new-session")]
+        args = [self.bwrap, *namespaces, "--hostname", self.hostname]
         if info_fd is not None:
             args += ["--info-fd", str(info_fd)]
         args += _system_args()
@@ -258,6 +275,15 @@ class Sandbox:
                 raise SandboxError(f"dataset name {name!r} cannot be a directory under /data")
             self._check_not_private(source, f"dataset {name}")
             args += ["--ro-bind", str(source), f"{DATA_ROOT}/{name}"]
+        if self.sdk is not None:
+            args += ["--ro-bind", str(self.sdk), SDK_ROOT]
+        if self.metrics is not None:
+            args += ["--bind", str(self.metrics), METRICS_ROOT]
+        if self.tools_env is not None:
+            self._check_not_private(self.tools_env, "the JupyterLab environment")
+            args += ["--ro-bind", str(self.tools_env), str(self.tools_env)]
+        if self.jupyter_dir is not None:
+            args += ["--bind", str(self.jupyter_dir), JUPYTER_ROOT]
         # The root itself (where /etc, /data and the bind points live) is read-only too.
         args += ["--remount-ro", "/", "--chdir", WORKSPACE, "--", *argv]
         return args
@@ -283,14 +309,28 @@ class Sandbox:
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:
         """A run's environment as it must look inside: HOME and PWD are /workspace, TMPDIR
         the private /tmp, CUDA_VISIBLE_DEVICES the GPUs' UUIDs (only their device nodes
-        exist in here, so CUDA numbers them from 0; UUIDs name them whatever the order)."""
+        exist in here, so CUDA numbers them from 0; UUIDs name them whatever the order), and
+        host paths under the workspace in PATH and VIRTUAL_ENV (the instance's venv layer)
+        under /workspace."""
         result = dict(env)
         result.update(HOME=WORKSPACE, PWD=WORKSPACE, TMPDIR="/tmp")
+        if "PATH" in result:
+            result["PATH"] = ":".join(self.inside(entry) for entry in result["PATH"].split(":"))
+        if "VIRTUAL_ENV" in result:
+            result["VIRTUAL_ENV"] = self.inside(result["VIRTUAL_ENV"])
         if self.gpus:
             result["CUDA_VISIBLE_DEVICES"] = ",".join(
                 gpu.uuid or str(gpu.index) for gpu in self.gpus
             )
         return result
+
+    def inside(self, path: str | Path) -> str:
+        """A host path as the sandbox sees it: under the workspace it is under /workspace;
+        other paths the sandbox shows are bound at their own path."""
+        text, root = str(path), str(self.workspace).rstrip("/")
+        if text == root or text.startswith(root + "/"):
+            return WORKSPACE + text[len(root) :]
+        return text
 
 
 def base_environment(runner_env: Mapping[str, str]) -> dict[str, str]:

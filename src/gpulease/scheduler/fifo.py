@@ -2,7 +2,8 @@
 
 The head of each model's queue blocks later requests for that model (no overtaking, so a
 large request is never starved by small ones), but a T4 request never waits behind an A100
-one.
+one. A request may be limited to some nodes (those whose driver runs its template); it then
+waits, still holding its model's queue, until GPUs free up on one of them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ class Request:
     instance_id: int
     model: str
     count: int  # 0 = CPU only: needs a node, no GPU
+    # The nodes it may run on (their driver runs its template); None = any node.
+    nodes: frozenset[int] | None = None
+
+    def allows(self, node_id: int) -> bool:
+        return self.nodes is None or node_id in self.nodes
 
 
 @dataclass(frozen=True)
@@ -49,15 +55,16 @@ def place_fifo(
     placements: list[Placement] = []
     for req in queue:
         if req.count == 0:
-            if node_ids:
-                placements.append(Placement(req.instance_id, min(node_ids), ()))
+            allowed = [node_id for node_id in node_ids if req.allows(node_id)]
+            if allowed:
+                placements.append(Placement(req.instance_id, min(allowed), ()))
             continue
         if req.model in blocked:
             continue
         fits = [
             (len(gpus), node_id)
             for (node_id, model), gpus in pool.items()
-            if model == req.model and len(gpus) >= req.count
+            if model == req.model and len(gpus) >= req.count and req.allows(node_id)
         ]
         if not fits:
             blocked.add(req.model)

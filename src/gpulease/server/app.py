@@ -14,13 +14,27 @@ from fastapi.staticfiles import StaticFiles
 
 from gpulease.backends.base import Backend
 from gpulease.core.errors import GpuleaseError
+from gpulease.server.observability import prometheus
 from gpulease.server.reconcilers.loop import ReconcilerThread
-from gpulease.server.routers.api import admin, auth, billing, catalog, instances, runner, runs
+from gpulease.server.routers.api import (
+    admin,
+    auth,
+    billing,
+    catalog,
+    instances,
+    runner,
+    runner_streams,
+    runs,
+)
 from gpulease.server.routers.api import datasets as datasets_api
 from gpulease.server.routers.api import estimates as estimates_api
+from gpulease.server.routers.api import metrics as metrics_api
+from gpulease.server.routers.api import notification_settings as notification_settings_api
 from gpulease.server.routers.api import plans as plans_api
 from gpulease.server.routers.api import statements as statements_api
+from gpulease.server.routers.api import support as support_api
 from gpulease.server.routers.api import teams as teams_api
+from gpulease.server.routers.api import templates as templates_api
 from gpulease.server.routers.ui import pages
 from gpulease.server.runtime import Runtime, build_runtime
 from gpulease.server.settings import Settings
@@ -34,6 +48,8 @@ STATIC = __file__.rsplit("/", 1)[0] + "/static"
 class Signals:
     runs: Broadcast = field(default_factory=Broadcast)
     logs: Broadcast = field(default_factory=Broadcast)
+    metrics: Broadcast = field(default_factory=Broadcast)  # a run's metric points
+    gpu: Broadcast = field(default_factory=Broadcast)  # GPU samples
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -84,6 +100,9 @@ def create_app(
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _validation_message(exc)}, status_code=422)
 
+    # issue 6: metrics first, so /runs/compare is not read as a run id
+    app.include_router(metrics_api.router, prefix="/api/v1")
+    app.include_router(metrics_api.runner_router)
     for module in (auth, catalog, instances, runs, billing, admin):
         app.include_router(module.router, prefix="/api/v1")
     # issue 3: estimates, statements, plans and caps, teams
@@ -91,9 +110,15 @@ def create_app(
         app.include_router(module.router, prefix="/api/v1")
     app.include_router(datasets_api.router, prefix="/api/v1")  # issue 5: datasets
     app.include_router(datasets_api.runner_router)
+    for module in (notification_settings_api, support_api):  # issue 6: notifications, support
+        app.include_router(module.router, prefix="/api/v1")
+    app.include_router(templates_api.router, prefix="/api/v1")  # issue 4: templates
+    app.include_router(templates_api.runner_router)
     app.include_router(runner.router)
+    app.include_router(runner_streams.router)  # issue 4: terminal and Jupyter streams
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    prometheus.install(app)  # issue 6: GET /metrics, request latency middleware
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:

@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -67,6 +68,8 @@ class User(Base):
     password_hash: Mapped[str] = mapped_column(String(255))
     role: Mapped[str] = mapped_column(String(16), default="user")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # IANA zone name; the user's schedules (services/instances/schedules) fire in it.
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC", server_default="UTC")
 
 
 class ApiToken(Base):
@@ -188,6 +191,19 @@ class Instance(Base):
     # Daily plan: the paid block's end; its GPUs stay reserved until then, even when stopped.
     reserved_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     daily_blocks: Mapped[int] = mapped_column(Integer, default=0)
+    # Automatic stop (services/instances/autostop, reconcilers/idle): terminal or notebook
+    # activity; idle stop below idle_util_pct % for idle_minutes (None: off, or the
+    # operator's ceiling); a stop after max_runtime_minutes running; a run whose end stops it.
+    last_activity_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    idle_util_pct: Mapped[float | None] = mapped_column(Double)
+    idle_minutes: Mapped[int | None] = mapped_column(Integer)
+    idle_warned_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    max_runtime_minutes: Mapped[int | None] = mapped_column(Integer)
+    stop_after_run_id: Mapped[int | None] = mapped_column(Integer)
+    # A no-GPU start (services/instances/resize) keeps the GPUs it set aside here; a plain
+    # start brings them back.
+    resume_gpu_model: Mapped[str | None] = mapped_column(String(64))
+    resume_gpu_count: Mapped[int | None] = mapped_column(Integer)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     runner_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
     runner_handle: Mapped[str | None] = mapped_column(String(255))
@@ -481,3 +497,158 @@ class InstanceDataset(Base):
     dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
     name: Mapped[str] = mapped_column(String(64))
     version: Mapped[int] = mapped_column(Integer)
+
+
+# Metrics (services/metrics): training curves of runs, GPU samples of nodes
+
+
+class MetricPoint(Base):
+    """One value a run reported for one key at one step. A (run, source, key, step) is kept
+    once: a runner's retry, or a TensorBoard file read twice, never duplicates a point."""
+
+    __tablename__ = "metric_points"
+    __table_args__ = (
+        UniqueConstraint("run_id", "source", "key", "step"),
+        Index("ix_metric_points_run_id_key_step", "run_id", "key", "step"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    key: Mapped[str] = mapped_column(String(64))
+    step: Mapped[int] = mapped_column(BigInteger)
+    value: Mapped[float] = mapped_column(Double)
+    time: Mapped[datetime] = mapped_column(UTCDateTime)
+    source: Mapped[str] = mapped_column(String(16))  # sdk | stdout | tensorboard
+
+
+class GpuSample(Base):
+    """A reading of one real GPU (simulated GPUs never have any), with the instance that
+    held it at that moment (None: free)."""
+
+    __tablename__ = "gpu_samples"
+    __table_args__ = (
+        Index("ix_gpu_samples_node_id_time", "node_id", "time"),
+        Index("ix_gpu_samples_instance_id_time", "instance_id", "time"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
+    gpu_uuid: Mapped[str] = mapped_column(String(80))
+    instance_id: Mapped[int | None] = mapped_column(ForeignKey("instances.id"))
+    time: Mapped[datetime] = mapped_column(UTCDateTime)
+    util_pct: Mapped[float | None] = mapped_column(Double)
+    memory_used_mb: Mapped[int | None] = mapped_column(Integer)
+    memory_total_mb: Mapped[int | None] = mapped_column(Integer)
+    power_w: Mapped[float | None] = mapped_column(Double)
+    temperature_c: Mapped[float | None] = mapped_column(Double)
+
+
+# Notifications by webhook and email (services/notifications), support tickets (services/support)
+
+
+class NotificationChannel(Base):
+    """Where a user's notifications also go besides the console: one webhook and one email
+    address at most. `kinds` None means every category of notification."""
+
+    __tablename__ = "notification_channels"
+    __table_args__ = (UniqueConstraint("user_id", "kind"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    kind: Mapped[str] = mapped_column(String(16))  # webhook | email
+    target: Mapped[str] = mapped_column(String(2000))  # the URL or the email address
+    # Webhooks: the HMAC-SHA256 key of the signature header; the user sees it once.
+    secret: Mapped[str | None] = mapped_column(String(128))
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    kinds: Mapped[list[str] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class NotificationDelivery(Base):
+    """The outbox: one notification to one channel, until delivered or given up. A sender
+    holds `lease_token` until `lease_until`, so that two servers never send it twice."""
+
+    __tablename__ = "notification_deliveries"
+    __table_args__ = (
+        UniqueConstraint("notification_id", "channel_id"),
+        Index("ix_notification_deliveries_status_next", "status", "next_attempt_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    notification_id: Mapped[int] = mapped_column(ForeignKey("notifications.id"))
+    channel_id: Mapped[int] = mapped_column(ForeignKey("notification_channels.id"), index=True)
+    status: Mapped[str] = mapped_column(String(16))  # pending | delivered | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str] = mapped_column(String(500), default="")
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    lease_token: Mapped[str | None] = mapped_column(String(40))
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class SupportTicket(Base):
+    __tablename__ = "support_tickets"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    subject: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16))  # open | answered | closed
+    instance_id: Mapped[int | None] = mapped_column(ForeignKey("instances.id"))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    owner: Mapped[User] = relationship()
+
+
+class SupportMessage(Base):
+    __tablename__ = "support_messages"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ticket_id: Mapped[int] = mapped_column(ForeignKey("support_tickets.id"), index=True)
+    author_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    body: Mapped[str] = mapped_column(Text)
+    # The run's last lines when the renter chose to attach them.
+    log_excerpt: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    author: Mapped[User] = relationship()
+
+
+# Scheduled start and stop (services/instances/schedules, reconcilers/schedules)
+
+
+class InstanceSchedule(Base):
+    """A cron expression that starts or stops an instance, read in a time zone. next_fire_at
+    is stored and moved on only when a fire is applied, so a restart neither loses nor
+    repeats one."""
+
+    __tablename__ = "instance_schedules"
+    __table_args__ = (Index("ix_instance_schedules_next_fire_at", "next_fire_at"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id"), index=True)
+    action: Mapped[str] = mapped_column(String(8))  # start | stop
+    cron: Mapped[str] = mapped_column(String(120))
+    timezone: Mapped[str] = mapped_column(String(64))
+    next_fire_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_fired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+# Templates users save from their instances (services/templates)
+
+
+class UserTemplate(Base):
+    """A user's own template: the `pip freeze` of one of their instances' venv on top of the
+    built-in template it started from. status: pending (the runner has not answered yet),
+    ready, failed (error says why). Used as `mine/NAME` by its owner only."""
+
+    __tablename__ = "user_templates"
+    __table_args__ = (UniqueConstraint("owner_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    base_template: Mapped[str] = mapped_column(String(80))
+    python: Mapped[str] = mapped_column(String(16))
+    packages: Mapped[list[str]] = mapped_column(JSON)
+    cuda: Mapped[str | None] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))  # pending | ready | failed
+    error: Mapped[str | None] = mapped_column(Text)
+    # The instance whose venv is frozen (the runner's task); kept for the record.
+    instance_id: Mapped[int | None] = mapped_column(ForeignKey("instances.id"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

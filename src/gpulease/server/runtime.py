@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpulease.backends.base import Backend
 from gpulease.core.catalog import Catalog, default_pricing_text, load_catalog
-from gpulease.gpus.discovery import discover
+from gpulease.gpus.discovery import Nvml, discover
 from gpulease.server.db import make_engine, make_sessionmaker, migrate, transaction
 from gpulease.server.isolation import require_sandbox
 from gpulease.server.services import nodes, users
@@ -41,9 +41,12 @@ def default_backend(settings: Settings) -> Backend:
     return LocalBackend()
 
 
-def build_runtime(settings: Settings, backend: Backend | None = None) -> Runtime:
+def build_runtime(
+    settings: Settings, backend: Backend | None = None, nvml: Nvml | None = None
+) -> Runtime:
     """Prepare the data directory, migrate the database, load prices, register this host.
-    Without a backend given, runners start on this host: their jobs need the sandbox."""
+    Without a backend given, runners start on this host: their jobs need the sandbox.
+    nvml is discovery's seam (tests give a fake driver); by default the real pynvml."""
     if backend is None:
         require_sandbox(settings)
     settings.home.mkdir(parents=True, exist_ok=True)
@@ -65,7 +68,7 @@ def build_runtime(settings: Settings, backend: Backend | None = None) -> Runtime
     sessions = make_sessionmaker(engine)
     vault = open_vault(settings, sessions)
     node_name = settings.node_name or platform.node() or "local"
-    inventory = discover(catalog, settings.simulated_gpus)
+    inventory = discover(catalog, settings.simulated_gpus, nvml=nvml)
     with transaction(sessions) as session:
         nodes.register_node(session, node_name, "local", inventory)
         password = settings.admin_password.get_secret_value() if settings.admin_password else None

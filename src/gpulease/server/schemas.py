@@ -16,6 +16,7 @@ class UserPublic(Model):
     name: str
     role: str
     created_at: datetime
+    timezone: str = "UTC"
 
 
 class RegisterRequest(BaseModel):
@@ -94,12 +95,29 @@ class NodePublic(Model):
     gpus: list[GpuPublic]
 
 
+class TemplateAvailabilityPublic(BaseModel):
+    """Whether instances of one GPU model can run a template (services/templates)."""
+
+    model: str
+    available: bool
+    reason: str | None = None  # why not, for people
+    note: str | None = None  # how it runs when reduced (on the CPU, minor-version compat)
+    free: int = 0  # free GPUs of the model on nodes that run the template
+    total: int = 0
+
+
 class TemplatePublic(BaseModel):
     name: str
     description: str
     python: str
     packages: list[str]
     cuda: str | None
+    label: str = ""  # "PyTorch 2.14 cu130"
+    extra_index_urls: list[str] = Field(default_factory=list)
+    own: bool = False  # one of the caller's own templates (mine/NAME)
+    status: str = "ready"  # own templates: pending | ready | failed
+    error: str | None = None
+    availability: list[TemplateAvailabilityPublic] = Field(default_factory=list)
 
 
 class InstanceCreate(BaseModel):
@@ -115,6 +133,10 @@ class InstanceCreate(BaseModel):
     auto_renew: bool = False
     # Datasets mounted read-only at /data/NAME, each at its version when the instance is made.
     datasets: list[str] = Field(default_factory=list, max_length=32)
+    # Automatic stop (see AutostopUpdate); None: off (or the operator's idle ceiling).
+    idle_util_pct: float | None = None
+    idle_minutes: int | None = None
+    max_runtime_minutes: int | None = None
 
 
 class InstancePublic(BaseModel):
@@ -221,6 +243,7 @@ class NotificationPublic(Model):
     kind: str
     message: str
     created_at: datetime
+    read_at: datetime | None = None
 
 
 # Runner protocol bodies (docs/runner-protocol.md)
@@ -251,6 +274,10 @@ class RunnerRun(BaseModel):
 
 class RunnerCommands(BaseModel):
     runs: list[RunnerRun]
+    # streams the runner should connect: {"id", "kind": "terminal" | "jupyter", ...}
+    streams: list[dict[str, str | int]] = Field(default_factory=list)
+    # tasks for the runner: {"id": 3, "kind": "snapshot_env"} (services/templates)
+    tasks: list[dict[str, str | int]] = Field(default_factory=list)
 
 
 class RunnerStarted(BaseModel):
@@ -632,3 +659,297 @@ class PlanQuote(BaseModel):
     hourly_ncu: str
     block_micro: int | None
     rules: str
+
+
+# Metrics and GPU samples (issue 6; services/metrics). Times are Unix seconds (floats),
+# as uPlot and time.time() use them.
+
+
+class RunnerMetricPoint(BaseModel):
+    key: str = Field(max_length=200)
+    step: int
+    value: float
+    time: float
+    source: str = Field(default="sdk", max_length=16)
+
+
+class RunnerMetrics(BaseModel):
+    points: list[RunnerMetricPoint] = Field(max_length=5000)
+
+
+class RunnerGpuSample(BaseModel):
+    uuid: str = Field(max_length=80)
+    time: float
+    util_pct: float | None = None
+    memory_used_mb: int | None = None
+    memory_total_mb: int | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+
+
+class RunnerGpuSamples(BaseModel):
+    samples: list[RunnerGpuSample] = Field(max_length=1000)
+
+
+class MetricSeries(BaseModel):
+    """One key's curve, at most max_points of it (min and max of each stretch kept)."""
+
+    key: str
+    raw_count: int  # stored points of this key, every source
+    count: int  # distinct steps before downsampling
+    downsampled: bool
+    steps: list[int]
+    values: list[float]
+    times: list[float]
+    last_step: int | None
+    last_value: float | None
+    min: float | None
+    max: float | None
+
+
+class RunMetrics(BaseModel):
+    run: RunPublic
+    keys: list[str]  # every key the run has
+    max_points: int
+    last_point_id: int  # stream with since=-1:<this> for only newer points
+    series: list[MetricSeries]
+
+
+class RunsCompared(BaseModel):
+    key: str
+    runs: list[RunMetrics]
+
+
+class MetricPointPublic(BaseModel):
+    id: int
+    key: str
+    step: int
+    value: float
+    time: float
+    source: str
+
+
+class GpuSamplePublic(BaseModel):
+    id: int
+    uuid: str
+    instance_id: int | None
+    time: float
+    util_pct: float | None
+    memory_used_mb: int | None
+    memory_total_mb: int | None
+    power_w: float | None
+    temperature_c: float | None
+
+
+class GpuSeries(BaseModel):
+    times: list[float]
+    util_pct: list[float | None]
+    memory_used_mb: list[float | None]
+    power_w: list[float | None]
+    temperature_c: list[float | None]
+
+
+class InstanceGpu(BaseModel):
+    uuid: str
+    index: int | None = None
+    model: str | None = None
+    nvml_name: str | None = None
+    memory_mb: int | None = None
+    simulated: bool
+    held: bool  # the instance holds it now
+    latest: GpuSamplePublic | None
+    series: GpuSeries
+
+
+class InstanceGpus(BaseModel):
+    instance_id: int
+    minutes: int
+    last_sample_id: int
+    gpus: list[InstanceGpu]
+
+
+class HeatmapGpu(BaseModel):
+    uuid: str
+    index: int
+    model: str | None
+    nvml_name: str
+    memory_mb: int
+    simulated: bool
+    instance_id: int | None
+    util: list[float | None]
+
+
+class HeatmapNode(BaseModel):
+    id: int
+    name: str
+    gpus: list[HeatmapGpu]
+
+
+class GpuHeatmap(BaseModel):
+    start: float
+    end: float
+    bucket_s: int
+    buckets: list[float]
+    nodes: list[HeatmapNode]
+
+
+# Notification channels and support tickets (issue 6)
+
+
+class WebhookChannelPublic(BaseModel):
+    url: str
+    enabled: bool
+    # None: every category of notification.
+    kinds: list[str] | None
+    # The last characters of the signing secret, to tell which one is in use.
+    secret_hint: str
+
+
+class EmailChannelPublic(BaseModel):
+    address: str
+    enabled: bool
+    kinds: list[str] | None
+
+
+class NotificationChannelsPublic(BaseModel):
+    webhook: WebhookChannelPublic | None
+    email: EmailChannelPublic | None
+    # False when the server has no SMTP configured: email cannot be turned on.
+    email_available: bool
+    categories: list[str]
+    # Shown once: set only in the answer that made or rotated the webhook's secret.
+    webhook_secret: str | None = None
+
+
+class NotificationChannelsUpdate(BaseModel):
+    """Only the fields given change. An empty or null webhook_url or email removes it."""
+
+    webhook_url: str | None = Field(default=None, max_length=2000)
+    webhook_enabled: bool | None = None
+    webhook_kinds: list[str] | None = None
+    rotate_secret: bool = False
+    email: str | None = Field(default=None, max_length=254)
+    email_enabled: bool | None = None
+    email_kinds: list[str] | None = None
+
+
+class SupportMessagePublic(BaseModel):
+    id: int
+    author: str
+    author_is_admin: bool
+    body: str
+    log_excerpt: str | None
+    created_at: datetime
+
+
+class SupportTicketPublic(BaseModel):
+    id: int
+    owner: str
+    subject: str
+    status: str
+    instance: str | None
+    run_id: int | None
+    created_at: datetime
+    updated_at: datetime
+    closed_at: datetime | None
+
+
+class SupportTicketDetail(SupportTicketPublic):
+    messages: list[SupportMessagePublic]
+
+
+class SupportTicketCreate(BaseModel):
+    # Missing texts default to "" so that the service's message (not a bare 422) answers.
+    subject: str = Field(default="", max_length=1000)
+    body: str = ""
+    # The instance's name or id, and a run of yours; attach_log adds the run's last lines.
+    instance: str | None = Field(default=None, max_length=64)
+    run_id: int | None = None
+    attach_log: bool = False
+
+
+class SupportReply(BaseModel):
+    body: str = ""
+
+
+# Automatic stop and start, resize and no-GPU mode (issue 4)
+
+
+class AutostopUpdate(BaseModel):
+    """The whole automatic-stop setting of an instance (PUT: a field left out turns it off)."""
+
+    idle_util_pct: float | None = Field(
+        default=None, description="GPU utilisation % under which it counts as idle (default 5)"
+    )
+    idle_minutes: int | None = Field(default=None, description="stop after this long idle")
+    max_runtime_minutes: int | None = Field(
+        default=None, description="stop after running this long"
+    )
+    stop_after_run: int | None = Field(default=None, description="stop when this run ends")
+
+
+class AutostopPublic(BaseModel):
+    instance_id: int
+    idle_util_pct: float
+    idle_minutes: int | None
+    """What the owner set; None: not set."""
+    idle_minutes_effective: int | None
+    """What applies: the owner's setting under the operator's ceiling (None: no idle stop)."""
+    idle_ceiling_minutes: int | None
+    max_runtime_minutes: int | None
+    stop_after_run: int | None
+    last_activity_at: datetime | None
+    idle_warned_at: datetime | None
+    idle_stop_at: datetime | None
+    """While warned: when the idle instance will be stopped."""
+    max_runtime_stop_at: datetime | None
+
+
+class ScheduleCreate(BaseModel):
+    action: str = Field(max_length=8, description="start or stop")
+    cron: str = Field(max_length=120, description='five fields, e.g. "0 9 * * 1-5"')
+    timezone: str | None = Field(
+        default=None, max_length=64, description="IANA zone; default: your time zone"
+    )
+
+
+class SchedulePublic(Model):
+    id: int
+    instance_id: int
+    action: str
+    cron: str
+    timezone: str
+    next_fire_at: datetime
+    last_fired_at: datetime | None
+    created_at: datetime
+
+
+class TimezoneUpdate(BaseModel):
+    timezone: str = Field(max_length=64, description="IANA name, e.g. Europe/Berlin")
+
+
+class ResizeRequest(BaseModel):
+    gpu_model: str | None = Field(default=None, max_length=64, description="e.g. T4; CPU = none")
+    gpu_count: int | None = Field(default=None, description="default 1")
+    no_gpu: bool = False
+
+
+class InstanceStart(BaseModel):
+    # Start CPU only (the catalog's CPU price) for setup and data work; a later plain start
+    # brings the instance's GPUs back.
+    no_gpu: bool = False
+
+
+# Own templates (services/templates)
+
+
+class TemplateSave(BaseModel):
+    name: str = Field(max_length=64, description="the new template's name; used as mine/NAME")
+
+
+class RunnerTaskResult(BaseModel):
+    """A runner's answer to a task: for snapshot_env the `pip freeze` lines, or an error."""
+
+    packages: list[str] | None = Field(default=None, max_length=5000)
+    python: str | None = Field(default=None, max_length=32)
+    error: str | None = Field(default=None, max_length=8000)

@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     # (unless they set their own threshold amount).
     low_balance_minutes: int = 60
     session_days: int = 14
+    # Prometheus (issue 6): when set, GET /metrics needs 'Authorization: Bearer TOKEN'.
+    metrics_token: SecretStr | None = None
+
+    # Automatic stop (issue 4): the longest idle time (minutes) a renter may allow before an
+    # idle instance is stopped; instances without their own setting get it. None: no ceiling.
+    idle_stop_max_minutes: int | None = Field(default=None, ge=1)
 
     # Datasets (issue 5): storage quota, the master key, the blob store, the node's cache.
     # Each user may keep this many GB (10^9 bytes) of distinct dataset content.
@@ -91,6 +97,19 @@ class Settings(BaseSettings):
     # ...or with a self-signed certificate made at the first start under HOME/tls, whose
     # fingerprint the CLI pins at the first login.
     tls_self_signed: bool = False
+
+    # Notifications by email (issue 6): sent only when SMTP_HOST is set. STARTTLS is used on
+    # any port but 465 (TLS from the start there) unless SMTP_STARTTLS=false.
+    smtp_host: str | None = None
+    smtp_port: int = 587
+    smtp_username: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_from: str | None = None
+    smtp_starttls: bool = True
+    # Webhook and email deliveries: tries before giving up (waits double from 30 s: 8 tries
+    # span about an hour), and the time one try may take.
+    notify_max_attempts: int = Field(default=8, ge=1, le=20)
+    notify_timeout_s: float = Field(default=10.0, gt=0, le=60)
 
     @model_validator(mode="after")
     def _enforce_safe_defaults(self) -> Settings:
@@ -210,3 +229,17 @@ class Settings(BaseSettings):
     def tls_path(self) -> Path:
         """Where the self-signed certificate and its key live."""
         return self.home / "tls"
+
+    @property
+    def smtp_configured(self) -> bool:
+        return bool(self.smtp_host)
+
+    @model_validator(mode="after")
+    def _check_smtp(self) -> Settings:
+        if self.smtp_host and not self.smtp_from:
+            raise ValueError(
+                "GPULEASE_SMTP_HOST needs GPULEASE_SMTP_FROM, the sender address of notices"
+            )
+        if (self.smtp_username is None) != (self.smtp_password is None):
+            raise ValueError("GPULEASE_SMTP_USERNAME and GPULEASE_SMTP_PASSWORD go together")
+        return self

@@ -9,12 +9,11 @@ from pathlib import Path
 from sqlalchemy import select, update
 
 from gpulease.backends.base import RunnerSpec
-from gpulease.core.templates import get_template
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.security import RUNNER_TOKEN_PREFIX, hash_token, new_token
-from gpulease.server.services import notifications
+from gpulease.server.services import notifications, templates
 from gpulease.server.services.instances.lifecycle import finish_release
 from gpulease.server.services.instances.states import (
     FAILED,
@@ -80,7 +79,7 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             workspace=Path(instance.workspace),
             run_dir=rt.settings.runners_path / str(instance_id),
             env_cache=rt.settings.envs_path,
-            template=get_template(instance.template),
+            template=templates.resolve(session, instance.owner_id, instance.template),
             gpu_indices=tuple(g.index for g in gpus if not g.simulated),
             gpu_uuids=tuple(g.uuid for g in gpus),
             heartbeat_interval_s=rt.settings.heartbeat_interval_s,
@@ -96,6 +95,12 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             instance = session.get(Instance, instance_id)
             if instance is not None and instance.status == STARTING:
                 switch_status(session, instance, FAILED, f"could not start its runner: {exc}")
+                notifications.notify(
+                    session,
+                    instance.owner_id,
+                    "instance_failed",
+                    f"instance {instance.name} failed: could not start its runner: {exc}",
+                )
         return
     with transaction(rt.sessions) as session:
         session.execute(

@@ -7,7 +7,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpulease.server.reconcilers import billing, health, launcher, meter, scheduler
+from gpulease.server.reconcilers import billing, health, idle, launcher, meter, notify, scheduler
+from gpulease.server.reconcilers import schedules as schedule_fires
+from gpulease.server.reconcilers.gpu_samples import SAMPLE_INTERVAL_S, sample_gpus
 from gpulease.server.runtime import Runtime
 
 log = logging.getLogger("gpulease.reconcilers")
@@ -17,12 +19,15 @@ Step = Callable[[Runtime], object]
 def steps(rt: Runtime) -> list[tuple[Step, float]]:
     """Each step with the least time between two runs of it (0: every tick)."""
     return [
+        (schedule_fires.tick, 0),  # issue 4: scheduled starts queue before placement
         (scheduler.tick, 0),
         (launcher.tick, 0),
         (health.tick, 0),
+        (idle.tick, 5),  # issue 4: idle stop and maximum runtime
         (meter.tick, 0),
         (billing.tick, 5),
         (billing.storage_tick, rt.settings.storage_meter_interval_s),
+        (sample_gpus, SAMPLE_INTERVAL_S),  # GPU samples of this host's real GPUs
     ]
 
 
@@ -46,8 +51,11 @@ class ReconcilerThread(threading.Thread):
         self.rt = rt
         self.stopping = threading.Event()
         self.wake = threading.Event()
+        # Webhook and email sends run beside the loop: a slow receiver never holds it up.
+        self.deliveries = notify.DeliveryThread(rt)
 
     def run(self) -> None:
+        self.deliveries.start()
         try:
             health.tick(self.rt, check_all=True)  # reattach: fail runners that died meanwhile
         except Exception:
@@ -57,7 +65,9 @@ class ReconcilerThread(threading.Thread):
             run_once(self.rt, last_run)
             self.wake.wait(self.rt.settings.tick_interval_s)
             self.wake.clear()
+        self.deliveries.join(timeout=self.rt.settings.notify_timeout_s)
 
     def stop(self) -> None:
+        self.deliveries.stop()
         self.stopping.set()
         self.wake.set()

@@ -15,7 +15,7 @@ from gpulease.scheduler.fifo import FreeGpu, Request, place_fifo
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance, Node
 from gpulease.server.runtime import Runtime
-from gpulease.server.services import ledger, notifications
+from gpulease.server.services import ledger, notifications, templates
 from gpulease.server.services.billing import offpeak, plans
 from gpulease.server.services.instances.lifecycle import current_queue
 from gpulease.server.services.instances.states import QUEUED, STARTING, STOPPED, switch_status
@@ -29,6 +29,12 @@ def tick(rt: Runtime) -> int:
     with transaction(rt.sessions) as session:
         placed += _start_reserved(session)
         queue = _eligible(session, current_queue(session))
+        # only nodes whose driver runs each instance's template (services/templates)
+        queue, refused = templates.restrict_queue(session, queue)
+        for instance_id, reason in refused.items():
+            refused_instance = session.get(Instance, instance_id)
+            if refused_instance is not None and refused_instance.status == QUEUED:
+                _refuse(session, refused_instance, reason)
         if not queue:
             return placed
         free = [

@@ -7,7 +7,7 @@ from collections.abc import Collection
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpulease.server.orm import ApiToken, Instance, LogChunk, User
+from gpulease.server.orm import ApiToken, Instance, LogChunk, MetricPoint, User
 from gpulease.server.security import hash_token
 
 
@@ -41,3 +41,13 @@ def last_log_seqs(session: Session, run_ids: Collection[int]) -> dict[int, int]:
         .group_by(LogChunk.run_id)
     )
     return {int(run_id): int(seq) for run_id, seq in rows}
+
+
+def metric_keys(session: Session, run_ids: Collection[int]) -> list[str]:
+    """The metric keys the runs have points for, sorted. Callers check ownership."""
+    if not run_ids:
+        return []
+    rows = session.scalars(
+        select(MetricPoint.key).where(MetricPoint.run_id.in_(list(run_ids))).distinct()
+    )
+    return sorted(rows)

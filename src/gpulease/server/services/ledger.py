@@ -190,9 +190,10 @@ def balance(session: Session, user_id: int, team_id: int | None = None) -> int:
 
 
 def wallet_entries(
-    session: Session, user_id: int, limit: int = 200
+    session: Session, user_id: int, limit: int = 200, offset: int = 0
 ) -> list[tuple[LedgerTransaction, int]]:
-    """The user's wallet movements, newest first: (transaction, signed amount)."""
+    """The user's wallet movements, newest first: (transaction, signed amount); offset skips
+    that many of the newest (a page of the ledger)."""
     rows = session.execute(
         select(LedgerTransaction, LedgerEntry.amount)
         .join(LedgerEntry, LedgerEntry.transaction_id == LedgerTransaction.id)
@@ -200,5 +201,6 @@ def wallet_entries(
         .where(LedgerAccount.kind == WALLET, LedgerAccount.user_id == user_id)
         .order_by(LedgerTransaction.id.desc())
         .limit(limit)
+        .offset(offset)
     ).all()
     return [(txn, int(amount)) for txn, amount in rows]

@@ -18,7 +18,7 @@ from gpulease.server.services.instances.states import (
     STOPPING,
     switch_status,
 )
-from gpulease.server.services.runs import is_finished
+from gpulease.server.services.runs import is_finished, notify_run_ended
 
 
 def instance_for_token(session: Session, token: str) -> Instance:
@@ -92,12 +92,7 @@ def run_exited(session: Session, instance: Instance, run: Run, exit_code: int) -
     run.finished_at = utcnow()
     if run.started_at is None:
         run.started_at = run.finished_at
-    notifications.notify(
-        session,
-        run.owner_id,
-        "run_finished",
-        f"run {run.id} on {instance.name} {run.status} (exit code {exit_code})",
-    )
+    notify_run_ended(session, run, instance)
     if run.stop_instance_on_exit and instance.status in (STARTING, RUNNING):
         instance.desired_state = "released" if instance.auto_release else "stopped"
         switch_status(session, instance, STOPPING, f"its run {run.id} ended")

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from gpulease.core.errors import Conflict, InvalidInput, NotFound
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, LogChunk, Run, User
+from gpulease.server.services import notifications
 from gpulease.server.services.instances.states import QUEUED, RUNNING, STARTING
 
 MAX_COMMAND = 100_000
@@ -106,3 +107,16 @@ def append_logs(session: Session, run: Run, chunks: list[tuple[int, str, str, fl
 
 def is_finished(run: Run) -> bool:
     return run.status in ("succeeded", "failed")
+
+
+def notify_run_ended(session: Session, run: Run, instance: Instance) -> None:
+    """run_finished / run_failed for the owner: the run, its command and its exit code."""
+    command = " ".join(run.command.split())
+    if len(command) > 120:
+        command = command[:117] + "..."
+    notifications.notify(
+        session,
+        run.owner_id,
+        "run_finished" if run.status == "succeeded" else "run_failed",
+        f"run {run.id} on {instance.name} {run.status} (exit code {run.exit_code}): {command}",
+    )

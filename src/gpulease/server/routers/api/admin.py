@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-
 from fastapi import APIRouter, Request
 
 from gpulease.core.errors import InvalidInput
@@ -11,8 +9,7 @@ from gpulease.core.money import MoneyError, parse_credits
 from gpulease.server.routers.api.presenters import ledger_line
 from gpulease.server.routers.deps import current_admin, runtime, tx
 from gpulease.server.schemas import GrantCreate, LedgerLine, UserPublic
-from gpulease.server.services import ledger, users
-from gpulease.server.services.billing import teams
+from gpulease.server.services import grants, users
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 
@@ -30,24 +27,9 @@ def grant_credit(body: GrantCreate, request: Request) -> LedgerLine:
         amount = parse_credits(body.amount)
     except MoneyError as exc:
         raise InvalidInput(str(exc)) from exc
-    if (body.user is None) == (body.team is None):
-        raise InvalidInput("grant to either a user or a team")
     with tx(request) as session:
         admin = current_admin(session, request)
-        if body.team is not None:
-            team = teams.get_team(session, body.team)
-            user_id, team_id = team.owner_id, team.id
-        else:
-            assert body.user is not None
-            user_id, team_id = users.get_user_by_name(session, body.user).id, None
-        txn = ledger.grant(
-            session,
-            user_id,
-            amount,
-            kind="grant",
-            key=f"grant:{uuid.uuid4()}",
-            memo=f"{body.memo} (by {admin.name})",
-            team_id=team_id,
+        txn = grants.grant_credit(
+            session, admin, amount, user=body.user, team=body.team, memo=body.memo
         )
-        assert txn is not None
         return ledger_line(txn, amount, runtime(request).catalog)

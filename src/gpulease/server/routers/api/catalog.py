@@ -1,13 +1,12 @@
-"""The GPU catalog, templates and nodes."""
+"""The GPU catalog and nodes (templates: routers/api/templates.py)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
 from gpulease.core.money import format_credits, ncu
-from gpulease.core.templates import BUILTIN_TEMPLATES
 from gpulease.server.routers.deps import current_admin, current_user, runtime, tx
-from gpulease.server.schemas import GpuModelPublic, NodePublic, TemplatePublic
+from gpulease.server.schemas import GpuModelPublic, NodePublic
 from gpulease.server.services import nodes
 
 router = APIRouter(tags=["catalog"])
@@ -37,22 +36,6 @@ def list_gpu_models(request: Request) -> list[GpuModelPublic]:
             simulated=avail[m.name].simulated,
         )
         for m in catalog.models
-    ]
-
-
-@router.get("/templates")
-def list_templates(request: Request) -> list[TemplatePublic]:
-    with tx(request) as session:
-        current_user(session, request)
-    return [
-        TemplatePublic(
-            name=t.name,
-            description=t.description,
-            python=t.python,
-            packages=list(t.packages),
-            cuda=t.cuda,
-        )
-        for t in BUILTIN_TEMPLATES
     ]
 
 

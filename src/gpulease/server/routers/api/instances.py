@@ -8,12 +8,19 @@ from starlette.concurrency import run_in_threadpool
 
 from gpulease.core.errors import InvalidInput
 from gpulease.server.orm import Instance
+from gpulease.server.routers.api import autostop as autostop_api
 from gpulease.server.routers.api.presenters import instance_public
 from gpulease.server.routers.deps import current_user, runtime, tx
-from gpulease.server.schemas import InstanceCreate, InstancePublic, RunCreate, RunPublic
+from gpulease.server.schemas import (
+    InstanceCreate,
+    InstancePublic,
+    InstanceStart,
+    RunCreate,
+    RunPublic,
+)
 from gpulease.server.services import runs
 from gpulease.server.services.datasets import mounts
-from gpulease.server.services.instances import lifecycle
+from gpulease.server.services.instances import autostop, lifecycle
 
 router = APIRouter(tags=["instances"])
 MAX_WORKDIR_BYTES = 512 * 1024 * 1024
@@ -47,6 +54,17 @@ def create_instance(body: InstanceCreate, request: Request) -> InstancePublic:
         )
         if body.datasets:
             mounts.attach_datasets(session, user, instance, body.datasets)
+        wanted = (body.idle_util_pct, body.idle_minutes, body.max_runtime_minutes)
+        if any(v is not None for v in wanted):
+            autostop.set_autostop(
+                session,
+                instance,
+                idle_util=body.idle_util_pct,
+                idle_minutes=body.idle_minutes,
+                max_runtime_minutes=body.max_runtime_minutes,
+                stop_after_run=None,
+                ceiling=rt.settings.idle_stop_max_minutes,
+            )
         result = _public(request, session, instance)
     request.app.state.wake_reconcilers()
     return result
@@ -83,13 +101,17 @@ def stop_instance(ref: str, request: Request) -> InstancePublic:
 
 
 @router.post("/instances/{ref}/start")
-def start_instance(ref: str, request: Request) -> InstancePublic:
+def start_instance(ref: str, request: Request, body: InstanceStart | None = None) -> InstancePublic:
     rt = runtime(request)
     with tx(request) as session:
         user = current_user(session, request)
         instance = lifecycle.get_instance(session, user, ref)
         lifecycle.start_instance(
-            session, instance, catalog=rt.catalog, min_start_minutes=rt.settings.min_start_minutes
+            session,
+            instance,
+            catalog=rt.catalog,
+            min_start_minutes=rt.settings.min_start_minutes,
+            no_gpu=body is not None and body.no_gpu,
         )
         result = _public(request, session, instance)
     request.app.state.wake_reconcilers()
@@ -165,3 +187,6 @@ def create_run(ref: str, body: RunCreate, request: Request) -> RunPublic:
         result = RunPublic.model_validate(run)
     request.app.state.signals.runs.fire()
     return result
+
+
+router.include_router(autostop_api.router)  # issue 4: autostop, schedules, resize, time zone

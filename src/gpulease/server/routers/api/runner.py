@@ -22,7 +22,8 @@ from gpulease.server.schemas import (
     RunnerStarted,
     RunnerStatus,
 )
-from gpulease.server.services import runners, runs
+from gpulease.server.services import runners, runs, templates
+from gpulease.server.services.streams import hub_of
 
 router = APIRouter(prefix="/runner/v1", tags=["runner"])
 MAX_WAIT_S = 30.0
@@ -65,19 +66,29 @@ async def commands(request: Request, wait: float = 20.0) -> RunnerCommands:
     token = _token(request)
     deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
 
-    def _pending() -> list[RunnerRun]:
+    def _pending() -> tuple[int, list[RunnerRun], list[dict[str, str | int]]]:
         with tx(request) as session:
             instance = runners.instance_for_token(session, token)
-            return [
-                RunnerRun(id=r.id, command=r.command, env=r.env)
-                for r in runners.pending_runs(session, instance)
+            tasks: list[dict[str, str | int]] = [
+                {"id": t.id, "kind": templates.SNAPSHOT_TASK}
+                for t in templates.pending_tasks(session, instance)
             ]
+            return (
+                instance.id,
+                [
+                    RunnerRun(id=r.id, command=r.command, env=r.env)
+                    for r in runners.pending_runs(session, instance)
+                ],
+                tasks,
+            )
 
+    hub = hub_of(request.app.state)  # terminal and Jupyter streams (services/streams.py)
     while True:
-        found = await run_in_threadpool(_pending)
+        instance_id, found, tasks = await run_in_threadpool(_pending)
+        wanted = hub.wanted(instance_id)
         left = deadline - time.monotonic()
-        if found or left <= 0 or await request.is_disconnected():
-            return RunnerCommands(runs=found)
+        if found or wanted or tasks or left <= 0 or await request.is_disconnected():
+            return RunnerCommands(runs=found, streams=wanted, tasks=tasks)
         await request.app.state.signals.runs.wait(min(left, 1.0))
 
 

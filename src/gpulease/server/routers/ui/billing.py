@@ -1,4 +1,5 @@
-"""The console's Billing page: balance, the statement of a period, and revenue for admins."""
+"""The console's Billing page: balance, the ledger, the statement of a period, plans and
+spending caps, and revenue for admins."""
 
 from __future__ import annotations
 
@@ -6,16 +7,30 @@ from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Form, Query, Request, Response
 from fastapi.responses import RedirectResponse
+from sqlalchemy.orm import Session
 
-from gpulease.core.errors import InvalidInput
+from gpulease.core.catalog import Catalog
+from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_credits, ncu
-from gpulease.server.routers.deps import runtime, tx
+from gpulease.core.pricing import WEEKDAYS
+from gpulease.server.db import utcnow
+from gpulease.server.orm import User
+from gpulease.server.routers.api.presenters import ledger_line
+from gpulease.server.routers.deps import credits, runtime, same_origin, tx
+from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
-from gpulease.server.schemas import RevenueDay, RevenuePublic, StatementPublic, UserPublic
+from gpulease.server.schemas import (
+    LedgerLine,
+    RevenueDay,
+    RevenuePublic,
+    StatementPublic,
+    UserPublic,
+)
 from gpulease.server.services import ledger, statements
+from gpulease.server.services.billing import limits, offpeak
 
 router = APIRouter()
 
@@ -97,6 +112,45 @@ def revenue_chart(days: list[RevenueDay], symbol: str) -> Chart:
 
 
 @dataclass(frozen=True)
+class LedgerPage:
+    """One page of the wallet's entries, newest first; links keep the chosen period."""
+
+    number: int
+    lines: list[LedgerLine]
+    newer_url: str | None
+    older_url: str | None
+
+
+@dataclass(frozen=True)
+class CapsView:
+    max_hourly: str
+    monthly_budget: str
+    low_balance: str
+    admin_max_hourly: str | None
+    admin_monthly_budget: str | None
+    hourly_spend: str
+    month_spend: str
+    typed: dict[str, str]
+    """What the caps form shows: the caps as plain amounts, or what was typed if refused."""
+
+
+@dataclass(frozen=True)
+class PlanView:
+    name: str
+    title: str
+    rule: str
+
+
+@dataclass(frozen=True)
+class WindowView:
+    days: str
+    start: str
+    end: str
+    discount: str
+    tz: str
+
+
+@dataclass(frozen=True)
 class BillingView:
     balance: str
     balance_ncu: str
@@ -108,43 +162,213 @@ class BillingView:
     chart: Chart | None
     csv_url: str
     revenue_csv_url: str
+    ledger: LedgerPage
+    caps: CapsView
+    plans: list[PlanView]
+    windows: list[WindowView]
 
 
-@router.get("/billing")
-def billing(request: Request, start: FromQuery = None, to: DateQuery = None) -> Response:
+LEDGER_PAGE = 25
+MAX_LEDGER_PAGE = 100_000
+PLAN_RULES = (
+    PlanView(
+        "on_demand",
+        "On demand",
+        "Billed per second at the model's hourly price while the instance holds its GPUs; "
+        "off-peak windows discount it. Stop it and billing stops.",
+    ),
+    PlanView(
+        "spot",
+        "Spot",
+        "Billed per second at the lower spot price (off-peak discounts too), but the "
+        "instance may be stopped when the GPUs are needed; its workspace is kept.",
+    ),
+    PlanView(
+        "daily",
+        "Daily",
+        "A prepaid 24-hour block, cheaper than 24 h on demand; the GPUs stay reserved for "
+        "you for the whole block, even while stopped. Unused time is not refunded.",
+    ),
+)
+
+
+def _money(micro: int | None, symbol: str) -> str:
+    return "no cap" if micro is None else format_credits(micro, symbol, 2)
+
+
+def _plain(micro: int | None) -> str:
+    """An amount as the caps form takes it back: '12.50', or '' for no cap."""
+    return "" if micro is None else format_credits(micro, "", 2)
+
+
+def caps_view(
+    session: Session, user_id: int, symbol: str, typed: dict[str, str] | None = None
+) -> CapsView:
+    caps = limits.caps_of(session, user_id)
+    return CapsView(
+        max_hourly=_money(caps.max_hourly_micro, symbol),
+        monthly_budget=_money(caps.monthly_budget_micro, symbol),
+        low_balance=_money(caps.low_balance_micro, symbol),
+        admin_max_hourly=None
+        if caps.admin_max_hourly_micro is None
+        else format_credits(caps.admin_max_hourly_micro, symbol, 2),
+        admin_monthly_budget=None
+        if caps.admin_monthly_budget_micro is None
+        else format_credits(caps.admin_monthly_budget_micro, symbol, 2),
+        hourly_spend=format_credits(limits.hourly_spend(session, user_id), symbol),
+        month_spend=format_credits(limits.month_spend(session, user_id, utcnow()), symbol),
+        typed=typed
+        or {
+            "max_hourly": _plain(caps.max_hourly_micro),
+            "monthly_budget": _plain(caps.monthly_budget_micro),
+            "low_balance": _plain(caps.low_balance_micro),
+        },
+    )
+
+
+def ledger_page(
+    session: Session, user_id: int, number: int, catalog: Catalog, query: dict[str, str]
+) -> LedgerPage:
+    found = ledger.wallet_entries(
+        session, user_id, limit=LEDGER_PAGE + 1, offset=(number - 1) * LEDGER_PAGE
+    )
+
+    def url(n: int) -> str:
+        return "/billing?" + urlencode({**query, "page": n}) + "#ledger"
+
+    return LedgerPage(
+        number=number,
+        lines=[ledger_line(txn, amount, catalog) for txn, amount in found[:LEDGER_PAGE]],
+        newer_url=url(number - 1) if number > 1 else None,
+        older_url=url(number + 1) if len(found) > LEDGER_PAGE else None,
+    )
+
+
+def windows_view(session: Session) -> list[WindowView]:
+    return [
+        WindowView(
+            days="every day"
+            if len(w.weekdays) == 7
+            else ", ".join(WEEKDAYS[d] for d in sorted(w.weekdays)),
+            start=f"{w.start_minute // 60:02d}:{w.start_minute % 60:02d}",
+            end=f"{w.end_minute // 60:02d}:{w.end_minute % 60:02d}",
+            discount=f"{w.discount_bp / 100:g} %",
+            tz=w.tz,
+        )
+        for _, w in offpeak.list_windows(session)
+    ]
+
+
+PageQuery = Annotated[int, Query(ge=1, le=MAX_LEDGER_PAGE)]
+
+
+def _billing_page(
+    request: Request,
+    user: User,
+    session: Session,
+    *,
+    start: str | None,
+    to: str | None,
+    page: int = 1,
+    typed_caps: dict[str, str] | None = None,
+    error: str = "",
+    notice: str = "",
+    status: int = 200,
+) -> Response:
     rt = runtime(request)
     catalog = rt.catalog
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return RedirectResponse(login_url(request), status_code=303)
-        public = UserPublic.model_validate(user)
-        micro = ledger.balance(session, user.id)
-        error, status = "", 200
-        statement = revenue = None
-        try:
-            period = statements.parse_period(start, to, rt.settings.timezone)
-        except InvalidInput as exc:
-            error, status = exc.message, exc.status
-            period = statements.parse_period(None, None, rt.settings.timezone)
-        else:
-            statement = statements.user_statement(session, user, period, catalog)
-            if user.role == "admin":
-                revenue = statements.revenue(session, period, catalog)
-    query = urlencode({"from": str(period.start), "to": str(period.end)})
+    symbol = catalog.currency_symbol
+    public = UserPublic.model_validate(user)
+    micro = ledger.balance(session, user.id)
+    statement = revenue = None
+    try:
+        period = statements.parse_period(start, to, rt.settings.timezone)
+    except InvalidInput as exc:
+        error, status = exc.message, exc.status
+        period = statements.parse_period(None, None, rt.settings.timezone)
+    else:
+        statement = statements.user_statement(session, user, period, catalog)
+        if user.role == "admin":
+            revenue = statements.revenue(session, period, catalog)
+    period_query = {"from": str(period.start), "to": str(period.end)}
+    query = urlencode(period_query)
     view = BillingView(
-        balance=format_credits(micro, catalog.currency_symbol),
+        balance=format_credits(micro, symbol),
         balance_ncu=f"{ncu(micro, catalog.ncu_reference_hourly_micro):.4f}",
         start=start if error and start else str(period.start),
         end=to if error and to else str(period.end),
         tz=period.tz,
         statement=statement,
         revenue=revenue,
-        chart=revenue_chart(revenue.by_day, catalog.currency_symbol) if revenue else None,
+        chart=revenue_chart(revenue.by_day, symbol) if revenue else None,
         csv_url=f"/api/v1/statement.csv?{query}",
         revenue_csv_url=f"/api/v1/admin/revenue.csv?{query}",
+        ledger=ledger_page(session, user.id, page, catalog, period_query),
+        caps=caps_view(session, user.id, symbol, typed_caps),
+        plans=list(PLAN_RULES),
+        windows=windows_view(session),
     )
-    context = {"view": view, "error": error}
+    context = {"view": view, "error": error, "notice": notice}
     return render(
         request, "billing/page.html", context, user=public, page="billing", status_code=status
     )
+
+
+@router.get("/billing")
+def billing(
+    request: Request,
+    start: FromQuery = None,
+    to: DateQuery = None,
+    page: PageQuery = 1,
+    saved: str = "",
+) -> Response:
+    with tx(request) as session:
+        user = viewer(session, request)
+        if user is None:
+            return RedirectResponse(login_url(request), status_code=303)
+        notice = "Saved your spending caps." if saved == "caps" else ""
+        return _billing_page(request, user, session, start=start, to=to, page=page, notice=notice)
+
+
+CapsField = Annotated[str, Form(max_length=40)]
+
+
+@router.post("/billing/caps")
+def set_caps(
+    request: Request,
+    max_hourly: CapsField = "",
+    monthly_budget: CapsField = "",
+    low_balance: CapsField = "",
+) -> Response:
+    """Your own caps (empty: none), through the same service as PUT /api/v1/limits."""
+    if not same_origin(request):
+        return cross_site_refusal(request)
+    typed = {"max_hourly": max_hourly, "monthly_budget": monthly_budget, "low_balance": low_balance}
+    symbol = runtime(request).catalog.currency_symbol
+    with tx(request) as session:
+        user = viewer(session, request)
+        if user is None:
+            return RedirectResponse(login_url(request), status_code=303)
+        try:
+            with session.begin_nested():
+                limits.set_user_caps(
+                    session,
+                    user.id,
+                    utcnow(),
+                    max_hourly_micro=credits(max_hourly, "max hourly spend"),
+                    monthly_budget_micro=credits(monthly_budget, "monthly budget"),
+                    low_balance_micro=credits(low_balance, "low-balance threshold"),
+                    symbol=symbol,
+                )
+        except GpuleaseError as exc:
+            return _billing_page(
+                request,
+                user,
+                session,
+                start=None,
+                to=None,
+                typed_caps=typed,
+                error=exc.message,
+                status=exc.status,
+            )
+    return RedirectResponse("/billing?saved=caps#caps", status_code=303)

@@ -13,21 +13,29 @@ from gpulease.core import estimates
 from gpulease.core.catalog import CPU_MODEL, Catalog
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_credits
-from gpulease.core.templates import BUILTIN_TEMPLATES
 from gpulease.server.orm import User
 from gpulease.server.routers.deps import runtime, same_origin, tx
 from gpulease.server.routers.ui.account import cross_site_refusal
+from gpulease.server.routers.ui.catalog import template_fits, usable_templates
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
 from gpulease.server.schemas import UserPublic
 from gpulease.server.services import nodes
+from gpulease.server.services.billing import offpeak, plans, teams
+from gpulease.server.services.datasets import library, mounts
 from gpulease.server.services.instances import lifecycle
 
 router = APIRouter()
 
 PATH = "/instances/new"
 FormText = Annotated[str, Form()]
+FormList = Annotated[list[str], Form()]
 MAX_FORM_GPUS = 64
+PLAN_LABELS = {
+    plans.ON_DEMAND: "On demand: per second at the hourly price",
+    plans.DAILY: "Daily: a prepaid 24-hour block, GPUs reserved for you",
+    plans.SPOT: "Spot: cheaper per second, may be interrupted",
+}
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,11 @@ class CreateForm:
     images: str = "100000"
     epochs: str = "30"
     image_size: str = "224"
+    plan: str = plans.ON_DEMAND
+    team: str = ""
+    datasets: tuple[str, ...] = ()
+    auto_renew: bool = False
+    start_when_cheap: bool = False
 
 
 def gpu_choices(session: Session, catalog: Catalog) -> list[GpuChoice]:
@@ -85,10 +98,20 @@ def _page(
     choices = gpu_choices(session, catalog)
     if form.gpu_model not in {c.name for c in choices}:
         form = CreateForm(**{**form.__dict__, "gpu_model": choices[0].name if choices else ""})
+    # Per GPU model, why each template cannot run there: the option is shown disabled.
+    reasons = {
+        model: {f.template: f.reason or "no node runs this template" for f in found if not f.ok}
+        for model, found in template_fits(session, user, catalog).items()
+    }
     context = {
         "form": form,
         "gpus": choices,
-        "templates": BUILTIN_TEMPLATES,
+        "reasons": reasons,
+        "plans": [(p, PLAN_LABELS.get(p, p)) for p in plans.PLANS],
+        "offpeak": bool(offpeak.list_windows(session)),
+        "teams": [t.name for t in teams.my_teams(session, user)],
+        "datasets": [d.name for d in library.list_datasets(session, user)],
+        "templates": [v.template for v in usable_templates(session, user, catalog)],
         "models": estimates.MODELS,
         "limits": {
             "images": estimates.MAX_IMAGES,
@@ -139,6 +162,11 @@ def create(
     gpu_count: FormText = "1",
     template: FormText = "pytorch",
     name: FormText = "",
+    plan: FormText = plans.ON_DEMAND,
+    team: FormText = "",
+    auto_renew: FormText = "",
+    start_when_cheap: FormText = "",
+    datasets: FormList | None = None,
     model: FormText = "resnet50",
     images: FormText = "",
     epochs: FormText = "",
@@ -149,8 +177,21 @@ def create(
     if not same_origin(request):
         return cross_site_refusal(request)
     rt = runtime(request)
+    picked = [d for d in (datasets or []) if d]
     typed = CreateForm(
-        gpu_model, gpu_count, template, name.strip(), model, images, epochs, image_size
+        gpu_model,
+        gpu_count,
+        template,
+        name.strip(),
+        model,
+        images,
+        epochs,
+        image_size,
+        plan=plan,
+        team=team,
+        datasets=tuple(picked),
+        auto_renew=bool(auto_renew),
+        start_when_cheap=bool(start_when_cheap),
     )
     with tx(request) as session:
         user = viewer(session, request)
@@ -158,7 +199,7 @@ def create(
             return RedirectResponse(login_url(request), status_code=303)
         try:
             with session.begin_nested():
-                lifecycle.create_instance(
+                instance = lifecycle.create_instance(
                     session,
                     user,
                     catalog=rt.catalog,
@@ -168,7 +209,13 @@ def create(
                     auto_release=False,
                     min_start_minutes=rt.settings.min_start_minutes,
                     workspaces=rt.settings.workspaces_path,
+                    plan=plan.strip() or plans.ON_DEMAND,
+                    team=team.strip() or None,
+                    auto_renew=typed.auto_renew,
+                    start_when_cheap=typed.start_when_cheap,
                 )
+                if picked:
+                    mounts.attach_datasets(session, user, instance, picked)
         except GpuleaseError as exc:
             return _page(request, session, user, typed, error=exc.message, status_code=exc.status)
     request.app.state.wake_reconcilers()

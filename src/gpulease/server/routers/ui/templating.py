@@ -46,9 +46,12 @@ class NavItem:
 # The top bar, in order. A new page adds itself here and passes its key as `page`.
 NAV: tuple[NavItem, ...] = (
     NavItem("dashboard", "Dashboard", "/"),
+    NavItem("catalog", "Catalog", "/catalog"),
     NavItem("create", "Create", "/instances/new"),
-    NavItem("billing", "Billing", "/billing"),
     NavItem("datasets", "Datasets", "/datasets"),
+    NavItem("billing", "Billing", "/billing"),
+    NavItem("support", "Support", "/support"),
+    NavItem("admin", "Admin", "/admin", admin_only=True),
 )
 
 

@@ -12,12 +12,12 @@ from sqlalchemy.orm import Session
 from gpulease.core.catalog import Catalog, parse_accelerators
 from gpulease.core.errors import Conflict, InvalidInput, NotFound, PaymentRequired
 from gpulease.core.money import cost_for_seconds, format_credits
-from gpulease.core.templates import get_template
 from gpulease.scheduler.fifo import Request, queue_positions
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, User
-from gpulease.server.services import ledger, nodes
+from gpulease.server.services import ledger, nodes, templates
 from gpulease.server.services.billing import limits, offpeak, plans, teams
+from gpulease.server.services.instances import resize
 from gpulease.server.services.instances.states import (
     FAILED,
     QUEUED,
@@ -93,7 +93,7 @@ def create_instance(
     model_name, count = parse_accelerators(gpu)
     model_name = nodes.check_request_fits(session, catalog, model_name, count)
     entry = catalog.get(model_name)
-    get_template(template)
+    templates.check_fits(session, owner.id, template, entry.name, count)
     plans.check_plan(plan)
     if auto_renew and plan != plans.DAILY:
         raise InvalidInput("auto-renew applies to the daily plan only; add --plan daily")
@@ -207,8 +207,18 @@ def stop_instance(
 
 
 def start_instance(
-    session: Session, instance: Instance, *, catalog: Catalog, min_start_minutes: int
+    session: Session,
+    instance: Instance,
+    *,
+    catalog: Catalog,
+    min_start_minutes: int,
+    no_gpu: bool = False,
 ) -> None:
+    """Queue a stopped instance again; no_gpu starts it CPU only (resize.start_without_gpu)."""
+    if no_gpu:
+        resize.start_without_gpu(session, catalog, instance)
+    else:
+        resize.restore_gpus(session, catalog, instance)
     if instance.status in (QUEUED, STARTING, RUNNING):
         return
     if instance.status == STOPPING:
@@ -216,6 +226,9 @@ def start_instance(
     if instance.status == RELEASED:
         raise Conflict(f"instance {instance.name} was released; create a new one")
     nodes.check_request_fits(session, catalog, instance.gpu_model, instance.gpu_count)
+    templates.check_fits(
+        session, instance.owner_id, instance.template, instance.gpu_model, instance.gpu_count
+    )
     check_can_start(session, catalog, instance, min_start_minutes)
     instance.desired_state = "running"
     switch_status(session, instance, QUEUED, "started by its owner")

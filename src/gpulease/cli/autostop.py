@@ -1,0 +1,196 @@
+"""Instance commands for automatic stop, scheduled start and stop, and resize."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from gpulease.cli.connection import logged_in_client
+from gpulease.cli.output import (
+    OutputFormat,
+    OutputOption,
+    add_row,
+    console,
+    fail,
+    note,
+    print_json,
+    show_fields,
+    show_table,
+    table,
+    when,
+)
+from gpulease.core.catalog import parse_accelerators
+from gpulease.core.errors import InvalidInput
+from gpulease.server.schemas import AutostopPublic
+
+RefArgument = Annotated[str, typer.Argument(metavar="REF", help="instance id or name")]
+
+schedule_app = typer.Typer(
+    help="Start and stop an instance on a timetable (cron, in your time zone).",
+    no_args_is_help=True,
+)
+
+
+def register(instance_app: typer.Typer) -> None:
+    """Add `autostop`, `schedule` and `resize` to `gpulease instance`."""
+    instance_app.command("autostop")(autostop)
+    instance_app.add_typer(schedule_app, name="schedule")
+    instance_app.command("resize")(resize)
+
+
+def _show_autostop(a: AutostopPublic) -> None:
+    idle = "off"
+    if a.idle_minutes_effective is not None:
+        idle = f"under {a.idle_util_pct:g}% GPU for {a.idle_minutes_effective} min"
+        if a.idle_minutes is None:
+            idle += " (the server's ceiling)"
+    show_fields(
+        [
+            ("idle stop", idle),
+            ("max runtime", f"{a.max_runtime_minutes} min" if a.max_runtime_minutes else "off"),
+            ("stop after run", a.stop_after_run),
+            ("last activity", when(a.last_activity_at)),
+            ("idle warning", f"stops at {when(a.idle_stop_at)}" if a.idle_warned_at else ""),
+        ]
+    )
+
+
+def autostop(
+    ref: RefArgument,
+    idle_util: Annotated[
+        float | None,
+        typer.Option("--idle-util", help="GPU utilisation % under which it is idle (default 5)"),
+    ] = None,
+    idle_minutes: Annotated[
+        int | None, typer.Option("--idle-minutes", help="stop after this many idle minutes")
+    ] = None,
+    max_runtime: Annotated[
+        int | None, typer.Option("--max-runtime", help="stop after running this many minutes")
+    ] = None,
+    after_run: Annotated[
+        int | None, typer.Option("--after-run", help="stop when this run ends")
+    ] = None,
+    show: Annotated[bool, typer.Option("--show", help="only show the setting")] = False,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Stop it when idle, after a maximum runtime, or when a run ends (workspace kept).
+
+    Sets all of them at once: an option left out turns its part off."""
+    with logged_in_client() as client:
+        if show:
+            result = client.autostop(ref)
+        else:
+            result = client.set_autostop(
+                ref,
+                idle_util_pct=idle_util,
+                idle_minutes=idle_minutes,
+                max_runtime_minutes=max_runtime,
+                stop_after_run=after_run,
+            )
+    if output is OutputFormat.json:
+        print_json(result)
+    else:
+        _show_autostop(result)
+
+
+@schedule_app.command("add")
+def schedule_add(
+    ref: RefArgument,
+    start: Annotated[
+        str | None, typer.Option("--start", help='cron, e.g. "0 9 * * 1-5" (09:00 weekdays)')
+    ] = None,
+    stop: Annotated[str | None, typer.Option("--stop", help='cron, e.g. "0 19 * * 1-5"')] = None,
+    timezone: Annotated[
+        str | None, typer.Option("--timezone", help="IANA zone; default: yours")
+    ] = None,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Add a scheduled start and/or stop."""
+    if start is None and stop is None:
+        fail('give --start and/or --stop, e.g. --start "0 9 * * 1-5" --stop "0 19 * * 1-5"', 2)
+    with logged_in_client() as client:
+        made = [
+            client.add_schedule(ref, action, cron, timezone=timezone)
+            for action, cron in (("start", start), ("stop", stop))
+            if cron is not None
+        ]
+    if output is OutputFormat.json:
+        print_json(made)
+        return
+    for s in made:
+        console().print(
+            f"schedule {s.id}: {s.action} at {escape(repr(s.cron))} ({escape(s.timezone)}), "
+            f"next {when(s.next_fire_at)}"
+        )
+
+
+@schedule_app.command("ls")
+def schedule_ls(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
+    """The instance's schedules and when each fires next."""
+    with logged_in_client() as client:
+        found = client.schedules(ref)
+    if output is OutputFormat.json:
+        print_json(found)
+        return
+    result = table("ID", "ACTION", "CRON", "TIME ZONE", "NEXT", "LAST")
+    for s in found:
+        add_row(
+            result, s.id, s.action, s.cron, s.timezone, when(s.next_fire_at), when(s.last_fired_at)
+        )
+    show_table(result, empty='no schedules; add one with --start "0 9 * * 1-5"')
+
+
+@schedule_app.command("rm")
+def schedule_rm(
+    ref: RefArgument,
+    schedule_id: Annotated[int, typer.Argument(metavar="ID", help="see `schedule ls`")],
+) -> None:
+    """Remove a schedule."""
+    with logged_in_client() as client:
+        client.remove_schedule(ref, schedule_id)
+    note(f"schedule {schedule_id} removed")
+
+
+@schedule_app.command("timezone")
+def schedule_timezone(
+    zone: Annotated[str, typer.Argument(metavar="ZONE", help="IANA name, e.g. Europe/Berlin")],
+) -> None:
+    """Set your time zone; schedules that followed your old one follow the new one."""
+    with logged_in_client() as client:
+        user = client.set_timezone(zone)
+    console().print(f"time zone: {escape(user.timezone)}")
+
+
+def resize(
+    ref: RefArgument,
+    gpus: Annotated[
+        str | None, typer.Option("--gpus", help="MODEL:COUNT, e.g. T4:2 (or MODEL for one)")
+    ] = None,
+    no_gpu: Annotated[bool, typer.Option("--no-gpu", help="CPU only")] = False,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Give a stopped instance other GPUs (or none); its workspace is kept."""
+    if (gpus is None) == (not no_gpu):
+        fail("give either --gpus MODEL:COUNT (e.g. --gpus T4:2) or --no-gpu", 2)
+    model: str | None = None
+    count: int | None = None
+    if gpus is not None:
+        try:
+            model, count = parse_accelerators(gpus)
+        except InvalidInput as exc:
+            fail(exc.message, 2)
+        if count == 0:
+            model, count, no_gpu = None, None, True
+    with logged_in_client() as client:
+        instance = client.resize_instance(ref, model, count, no_gpu=no_gpu)
+    if output is OutputFormat.json:
+        print_json(instance)
+        return
+    gpu = "CPU only" if instance.gpu_count == 0 else f"{instance.gpu_model}:{instance.gpu_count}"
+    console().print(
+        f"instance {instance.id} [bold]{escape(instance.name)}[/bold]: {escape(gpu)}, "
+        f"{escape(instance.hourly)}/h; start it with "
+        f"`gpulease instance start {escape(instance.name)}`"
+    )

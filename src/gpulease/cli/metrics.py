@@ -1,0 +1,55 @@
+"""`gpulease metrics RUN_ID`: the latest value, range and count of each metric of a run."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpulease.cli.connection import logged_in_client
+from gpulease.cli.output import OutputFormat, OutputOption, add_row, print_json, show_table, table
+
+
+def _number(value: float | None) -> str | None:
+    return None if value is None else f"{value:.6g}"
+
+
+def metrics(
+    run_id: Annotated[int, typer.Argument(metavar="RUN_ID", help="the run (see `gpulease runs`)")],
+    key: Annotated[
+        list[str] | None,
+        typer.Option("--key", "-k", help="only this metric (repeatable), e.g. --key loss"),
+    ] = None,
+    max_points: Annotated[
+        int, typer.Option("--max-points", help="points per curve in -o json (10 to 20000)")
+    ] = 2000,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """The metrics a run logged: latest step and value, lowest, highest, how many points.
+
+    -o json prints each curve too (downsampled to --max-points, extremes kept).
+    """
+    with logged_in_client() as client:
+        found = client.run_metrics(run_id, key or None, max_points=max_points)
+    if output is OutputFormat.json:
+        print_json(found)
+        return
+    result = table("KEY", "STEP", "LATEST", "MIN", "MAX", "POINTS", title=f"run {run_id}")
+    for s in found.series:
+        if s.raw_count == 0:
+            continue
+        add_row(
+            result,
+            s.key,
+            s.last_step,
+            _number(s.last_value),
+            _number(s.min),
+            _number(s.max),
+            s.raw_count,
+        )
+    show_table(
+        result,
+        empty=f"run {run_id} has no metrics"
+        + (f" named {', '.join(key)}" if key else "")
+        + " yet; log some with `from gpulease import track; track.log(step, loss=…)`",
+    )

@@ -1,0 +1,1 @@
+"""What the server tells its operators about itself: Prometheus metrics and request latency."""

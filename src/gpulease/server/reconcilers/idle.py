@@ -1,0 +1,104 @@
+"""Stop instances that sat idle too long (warning their owners first) or ran past their
+maximum runtime. What counts as idle: services/instances/autostop."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from gpulease.server.db import transaction, utcnow
+from gpulease.server.orm import Instance
+from gpulease.server.runtime import Runtime
+from gpulease.server.services import notifications
+from gpulease.server.services.instances import autostop
+from gpulease.server.services.instances.lifecycle import stop_instance
+from gpulease.server.services.instances.states import RUNNING
+
+
+def tick(rt: Runtime, now: datetime | None = None) -> int:
+    """One pass over running instances. Returns how many it stopped."""
+    now = now or utcnow()
+    ceiling = rt.settings.idle_stop_max_minutes
+    stopped = 0
+    with transaction(rt.sessions) as session:
+        query = select(Instance).where(
+            Instance.status == RUNNING, Instance.desired_state == "running"
+        )
+        if ceiling is None:
+            query = query.where(
+                or_(Instance.idle_minutes.is_not(None), Instance.max_runtime_minutes.is_not(None))
+            )
+        for instance in session.scalars(
+            query.order_by(Instance.id).with_for_update(skip_locked=True)
+        ).all():
+            started = instance.started_at or now
+            limit = instance.max_runtime_minutes
+            if limit is not None and now >= started + timedelta(minutes=limit):
+                reason = (
+                    f"it reached its maximum runtime of {autostop.minutes_text(limit)}; "
+                    "workspace kept"
+                )
+                stop_instance(session, instance, reason)
+                notifications.notify_once(
+                    session,
+                    instance.owner_id,
+                    "instance_stopped",
+                    f"max-runtime:{instance.id}:{started.isoformat()}",
+                    f"instance {instance.name} was stopped: {reason}",
+                )
+                stopped += 1
+                continue
+            minutes = autostop.effective_idle_minutes(instance, ceiling)
+            if minutes is not None and _idle_step(session, instance, minutes, now):
+                stopped += 1
+    return stopped
+
+
+def _idle_step(session: Session, instance: Instance, minutes: int, now: datetime) -> bool:
+    """Warn, stop, or end a warning. Returns whether it stopped the instance."""
+    started = instance.started_at
+    if instance.idle_warned_at is not None and started and instance.idle_warned_at < started:
+        instance.idle_warned_at = None  # a warning of an earlier start: this one warns anew
+    idle_for = now - autostop.idle_since(session, instance, now, minutes)
+    window = timedelta(minutes=minutes)
+    lead = autostop.warning_lead(minutes)
+    if idle_for < window - lead:
+        instance.idle_warned_at = None  # busy again: the next idle period warns again
+        return False
+    util = autostop.idle_util_pct(instance)
+    what = (
+        f"GPU utilisation under {util:g}% and no run, terminal or notebook activity"
+        if instance.gpu_count
+        else "no run, terminal or notebook activity"
+    )
+    if instance.idle_warned_at is None:
+        idle_minutes = int(idle_for.total_seconds() // 60)
+        instance.idle_warned_at = now
+        stop_at = now + lead
+        notifications.notify_once(
+            session,
+            instance.owner_id,
+            "idle_warning",
+            f"idle-warning:{instance.id}:{now.isoformat()}",
+            f"instance {instance.name} has been idle for {autostop.minutes_text(idle_minutes)} "
+            f"({what}); it will be stopped at {stop_at:%H:%M} UTC, workspace kept, unless "
+            "it gets busy or you use its terminal or notebook",
+        )
+        return False
+    if idle_for < window or now < instance.idle_warned_at + lead:
+        return False
+    reason = f"idle: {what} for {autostop.minutes_text(minutes)}; workspace kept"
+    stop_instance(session, instance, reason)
+    notifications.notify_once(
+        session,
+        instance.owner_id,
+        "instance_stopped_idle",
+        f"idle-stop:{instance.id}:{instance.idle_warned_at.isoformat()}",
+        f"instance {instance.name} was stopped as idle ({what} for "
+        f"{autostop.minutes_text(minutes)}); its workspace is kept: start it again with "
+        f"`gpulease instance start {instance.name}`",
+    )
+    instance.idle_warned_at = None
+    return True

@@ -1,0 +1,33 @@
+"""Fire due scheduled starts and stops, oldest first, each exactly once."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+
+from gpulease.server.db import transaction, utcnow
+from gpulease.server.orm import InstanceSchedule
+from gpulease.server.runtime import Runtime
+from gpulease.server.services.instances import schedules
+
+
+def tick(rt: Runtime, now: datetime | None = None) -> int:
+    """Apply every fire due by now. Returns how many fired."""
+    now = now or utcnow()
+    with transaction(rt.sessions) as session:
+        due = session.scalars(
+            select(InstanceSchedule)
+            .where(InstanceSchedule.next_fire_at <= now)
+            .order_by(InstanceSchedule.next_fire_at, InstanceSchedule.id)
+            .with_for_update(skip_locked=True)
+        ).all()
+        for schedule in due:
+            schedules.fire(
+                session,
+                rt.catalog,
+                schedule,
+                now,
+                min_start_minutes=rt.settings.min_start_minutes,
+            )
+    return len(due)

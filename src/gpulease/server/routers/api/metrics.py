@@ -1,0 +1,313 @@
+"""Metric points and GPU samples: the runner's ingest, series, CSV, live streams, heat map.
+
+Event streams (text/event-stream) send a keep-alive comment every ~15 s when idle, wake on
+the server's signals and re-read the database at least every second (replicas converge).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from gpulease.core.errors import InvalidInput
+from gpulease.server.routers.api.runner import _token
+from gpulease.server.routers.deps import current_admin, current_user, tx
+from gpulease.server.schemas import (
+    GpuHeatmap,
+    InstanceGpus,
+    LogChunkPublic,
+    RunMetrics,
+    RunnerGpuSamples,
+    RunnerMetrics,
+    RunPublic,
+    RunsCompared,
+)
+from gpulease.server.services import metrics, runners, runs
+from gpulease.server.services.instances import lifecycle
+from gpulease.server.services.metrics.points import check_max_points, parse_keys
+from gpulease.server.signals import Broadcast
+
+router = APIRouter(tags=["metrics"])
+runner_router = APIRouter(prefix="/runner/v1", tags=["runner"])
+KEEPALIVE_S = 15.0
+REREAD_S = 1.0
+MAX_COMPARE = 10
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+# -- runner ingest -----------------------------------------------------------------------
+
+
+@runner_router.post("/runs/{run_id}/metrics", status_code=204)
+def runner_metrics(run_id: int, body: RunnerMetrics, request: Request) -> Response:
+    points = [metrics.PointIn(p.key, p.step, p.value, p.time, p.source) for p in body.points]
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, _token(request))
+        run = runners.run_of(session, instance, run_id)
+        added = metrics.ingest_points(session, run, points)
+    if added:
+        request.app.state.signals.metrics.fire()
+    return Response(status_code=204)
+
+
+@runner_router.post("/gpu-samples", status_code=204)
+def runner_gpu_samples(body: RunnerGpuSamples, request: Request) -> Response:
+    readings = [metrics.GpuReadingIn(**s.model_dump()) for s in body.samples]
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, _token(request))
+        added = metrics.ingest_instance_samples(session, instance, readings)
+    if added:
+        request.app.state.signals.gpu.fire()
+    return Response(status_code=204)
+
+
+# -- series and CSV ----------------------------------------------------------------------
+
+
+def _run_metrics(session: Any, run: Any, keys: list[str] | None, max_points: int) -> RunMetrics:
+    data = metrics.series(session, run, keys, max_points)
+    return RunMetrics.model_validate({**data, "run": RunPublic.model_validate(run)})
+
+
+@router.get("/runs/compare")
+def compare_runs(
+    request: Request, ids: str, key: str = "loss", max_points: int = 1000
+) -> RunsCompared:
+    """Each run's curve of one key, for overlaying: {"key", "runs": [RunMetrics, ...]} in
+    the order of ids. Any id that is not one of the caller's runs answers 404."""
+    try:
+        run_ids = [int(part) for part in ids.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidInput("ids must be run ids separated by commas, e.g. ids=4,7,9") from None
+    if not 1 <= len(run_ids) <= MAX_COMPARE:
+        raise InvalidInput(f"compare 1 to {MAX_COMPARE} runs: ids=4,7,9")
+    keys = parse_keys(key)
+    if keys is None or len(keys) != 1:
+        raise InvalidInput("name one metric key to compare, e.g. key=loss")
+    check_max_points(max_points)
+    with tx(request) as session:
+        user = current_user(session, request)
+        found = [runs.get_run(session, user, run_id) for run_id in run_ids]
+        return RunsCompared(
+            key=keys[0], runs=[_run_metrics(session, run, keys, max_points) for run in found]
+        )
+
+
+@router.get("/runs/{run_id}/metrics")
+def run_metrics(
+    run_id: int, request: Request, keys: str | None = None, max_points: int = 2000
+) -> RunMetrics:
+    """The run's curves, each at most max_points (see services.metrics.series)."""
+    wanted = parse_keys(keys)
+    with tx(request) as session:
+        user = current_user(session, request)
+        return _run_metrics(session, runs.get_run(session, user, run_id), wanted, max_points)
+
+
+@router.get("/runs/{run_id}/metrics.csv")
+def run_metrics_csv(run_id: int, request: Request) -> Response:
+    """Every raw point: key,step,value,time,source (time in ISO 8601 UTC)."""
+    with tx(request) as session:
+        user = current_user(session, request)
+        run = runs.get_run(session, user, run_id)
+        body = "".join(metrics.points_csv(session, run))
+    return Response(
+        body,
+        media_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="run-{run_id}-metrics.csv"'},
+    )
+
+
+# -- live streams ------------------------------------------------------------------------
+
+
+async def _wait_any(broadcasts: list[Broadcast], timeout: float) -> None:
+    waits = [asyncio.create_task(b.wait(timeout)) for b in broadcasts]
+    _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+
+
+def _parse_cursor(text: str) -> tuple[int, int]:
+    log_seq, sep, point_id = text.strip().partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(log_seq), int(point_id)
+    except ValueError:
+        raise InvalidInput(
+            f"since {text!r} is not a stream position: give LOG_SEQ:POINT_ID as in the "
+            "events' ids (-1:0 for everything)"
+        ) from None
+
+
+def _event(kind: str, data: str, event_id: str | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {kind}\ndata: {data}\n\n"
+
+
+async def _keepalive_loop(
+    request: Request,
+    read: Callable[[], Any],
+    emit: Callable[[Any], tuple[list[str], bool]],
+    broadcasts: list[Broadcast],
+    first: Any,
+) -> AsyncIterator[str]:
+    """Yield emit(batch) until emit says the stream is over or the client left; between
+    batches that brought nothing, wait for a signal (at most REREAD_S) and re-read."""
+    batch = first
+    quiet_since = time.monotonic()
+    while True:
+        messages, done = emit(batch)
+        for message in messages:
+            yield message
+        if done:
+            return
+        if messages:
+            quiet_since = time.monotonic()
+        else:
+            if await request.is_disconnected():
+                return
+            await _wait_any(broadcasts, REREAD_S)
+            if time.monotonic() - quiet_since > KEEPALIVE_S:
+                quiet_since = time.monotonic()
+                yield ": keep-alive\n\n"
+        batch = await run_in_threadpool(read)
+
+
+@router.get("/runs/{run_id}/stream")
+async def stream_run(
+    run_id: int,
+    request: Request,
+    since: str = "-1:0",
+    keys: str | None = None,
+    logs: bool = True,
+) -> StreamingResponse:
+    """Server-sent events of a run, from the position `since` (or the Last-Event-ID header,
+    which wins): LOG_SEQ:POINT_ID, "-1:0" for everything. Every event's id is the position
+    after it, so a reconnect resumes without loss or repeats. Events:
+
+    - `status`: RunPublic JSON, first and whenever the status changes;
+    - `log`: LogChunkPublic JSON (seq, stream, data, time), one per chunk (unless logs=false);
+    - `metric`: {"points": [{"id", "key", "step", "value", "time", "source"}, ...]}, the
+      points stored since the last event (only `keys` when given);
+    - `end`: {"status", "exit_code"} once the run is over and everything was sent.
+    """
+    log_after, point_after = _parse_cursor(request.headers.get("last-event-id") or since)
+    wanted = parse_keys(keys)
+
+    def read() -> tuple[list[LogChunkPublic], list[dict[str, Any]], RunPublic]:
+        with tx(request) as session:
+            user = current_user(session, request)
+            run = runs.get_run(session, user, run_id)
+            chunks = runs.read_logs(session, run, log_after, 2000) if logs else []
+            points = metrics.points_after(session, run, point_after, 5000, wanted)
+            return (
+                [LogChunkPublic.model_validate(c) for c in chunks],
+                points,
+                RunPublic.model_validate(run),
+            )
+
+    first = await run_in_threadpool(read)  # 401/404 before the stream starts
+    last_status: list[str | None] = [None]
+
+    def emit(
+        batch: tuple[list[LogChunkPublic], list[dict[str, Any]], RunPublic],
+    ) -> tuple[list[str], bool]:
+        nonlocal log_after, point_after
+        chunks, points, run = batch
+        out = []
+        for c in chunks:
+            log_after = c.seq
+            out.append(_event("log", c.model_dump_json(), f"{log_after}:{point_after}"))
+        if points:
+            point_after = points[-1]["id"]
+            data = json.dumps({"points": points})
+            out.append(_event("metric", data, f"{log_after}:{point_after}"))
+        if run.status != last_status[0]:
+            last_status[0] = run.status
+            out.append(_event("status", run.model_dump_json(), f"{log_after}:{point_after}"))
+        if run.status in ("succeeded", "failed") and not chunks and not points:
+            end = json.dumps({"status": run.status, "exit_code": run.exit_code})
+            out.append(_event("end", end, f"{log_after}:{point_after}"))
+            return out, True
+        return out, False
+
+    signals = request.app.state.signals
+    return StreamingResponse(
+        _keepalive_loop(request, read, emit, [signals.logs, signals.metrics], first),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+    )
+
+
+# -- GPUs --------------------------------------------------------------------------------
+
+
+@router.get("/instances/{ref}/gpus")
+def instance_gpus(
+    ref: str, request: Request, minutes: int = 15, max_points: int = 300
+) -> InstanceGpus:
+    """The instance's GPUs: newest sample and the last `minutes` of readings for each
+    (simulated ones flagged, without readings). See services.metrics.instance_gpus."""
+    if not 10 <= max_points <= 5000:
+        raise InvalidInput("max_points must be from 10 to 5000")
+    with tx(request) as session:
+        user = current_user(session, request)
+        instance = lifecycle.get_instance(session, user, ref)
+        return InstanceGpus.model_validate(
+            metrics.instance_gpus(session, instance, minutes, max_points)
+        )
+
+
+@router.get("/instances/{ref}/gpus/stream")
+async def stream_instance_gpus(ref: str, request: Request, since: int = -1) -> StreamingResponse:
+    """Server-sent events `sample`: {"samples": [GpuSamplePublic, ...]} for each batch of new
+    samples of the instance's GPUs; the event id is the last sample's id (resume with the
+    Last-Event-ID header or since=ID; -1: from now on, 0: everything kept)."""
+    header = request.headers.get("last-event-id")
+    try:
+        after = int(header) if header else since
+    except ValueError:
+        raise InvalidInput("Last-Event-ID must be a sample id as sent in the events") from None
+
+    def read() -> list[dict[str, Any]]:
+        nonlocal after
+        with tx(request) as session:
+            user = current_user(session, request)
+            instance = lifecycle.get_instance(session, user, ref)
+            if after < 0:
+                after = metrics.last_instance_sample_id(session, instance)
+                return []
+            return metrics.instance_samples_after(session, instance, after)
+
+    first = await run_in_threadpool(read)
+
+    def emit(samples: list[dict[str, Any]]) -> tuple[list[str], bool]:
+        nonlocal after
+        if not samples:
+            return [], False
+        after = samples[-1]["id"]
+        return [_event("sample", json.dumps({"samples": samples}), str(after))], False
+
+    return StreamingResponse(
+        _keepalive_loop(request, read, emit, [request.app.state.signals.gpu], first),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+    )
+
+
+@router.get("/admin/gpu-heatmap")
+def gpu_heatmap(request: Request, minutes: int = 60, bucket_s: int = 60) -> GpuHeatmap:
+    """Mean GPU utilisation per node × GPU × time bucket (admins only); see
+    services.metrics.gpu_heatmap for the shape."""
+    with tx(request) as session:
+        current_admin(session, request)
+        return GpuHeatmap.model_validate(metrics.gpu_heatmap(session, minutes, bucket_s))

@@ -1,0 +1,103 @@
+"""Templates: the list with where each runs, one template's availability, saving an env;
+and the runner's answer to a snapshot task."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from gpulease.core.errors import Unauthorized
+from gpulease.server.routers.deps import bearer, current_user, runtime, tx
+from gpulease.server.schemas import (
+    RunnerTaskResult,
+    TemplateAvailabilityPublic,
+    TemplatePublic,
+    TemplateSave,
+)
+from gpulease.server.services import runners, templates
+from gpulease.server.services.instances import lifecycle
+
+router = APIRouter(tags=["templates"])
+runner_router = APIRouter(prefix="/runner/v1", tags=["runner"])
+
+
+def _availability(items: list[templates.ModelAvailability]) -> list[TemplateAvailabilityPublic]:
+    return [
+        TemplateAvailabilityPublic(
+            model=a.model,
+            available=a.available,
+            reason=a.reason,
+            note=a.note,
+            free=a.free,
+            total=a.total,
+        )
+        for a in items
+    ]
+
+
+def _public(view: templates.TemplateView) -> TemplatePublic:
+    t = view.template
+    return TemplatePublic(
+        name=t.name,
+        description=t.description,
+        python=t.python,
+        packages=list(t.packages),
+        cuda=t.cuda,
+        label=t.label,
+        extra_index_urls=list(t.extra_index_urls),
+        own=view.own,
+        status=view.status,
+        error=view.error,
+        availability=_availability(view.availability),
+    )
+
+
+@router.get("/templates")
+def list_templates(request: Request) -> list[TemplatePublic]:
+    """Built-in templates and the caller's own, each with, per GPU model, whether it runs."""
+    catalog = runtime(request).catalog
+    with tx(request) as session:
+        user = current_user(session, request)
+        return [_public(v) for v in templates.list_templates(session, user, catalog)]
+
+
+@router.get("/templates/{name:path}/availability")
+def template_availability(name: str, request: Request) -> list[TemplateAvailabilityPublic]:
+    catalog = runtime(request).catalog
+    with tx(request) as session:
+        user = current_user(session, request)
+        return _availability(templates.template_availability(session, name, user, catalog))
+
+
+@router.post("/instances/{ref}/save-template", status_code=202)
+def save_template(ref: str, body: TemplateSave, request: Request) -> TemplatePublic:
+    """Queue a snapshot of the instance's venv as mine/NAME; it is ready once the runner
+    answered (status pending until then)."""
+    with tx(request) as session:
+        user = current_user(session, request)
+        instance = lifecycle.get_instance(session, user, ref)
+        row = templates.save_from_instance(session, user, instance, body.name)
+        result = _public(
+            templates.TemplateView(templates.as_template(row), True, row.status, row.error, [])
+        )
+    request.app.state.signals.runs.fire()  # wakes the runner's long poll
+    return result
+
+
+@runner_router.post("/tasks/{task_id}/result", status_code=204)
+def task_result(task_id: int, body: RunnerTaskResult, request: Request) -> Response:
+    token = bearer(request)
+    if not token:
+        raise Unauthorized("runner calls need 'Authorization: Bearer <runner token>'")
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, token)
+        templates.record_result(session, instance, task_id, body.packages, body.error)
+    return Response(status_code=204)
+
+
+@router.delete("/templates/mine/{name}", status_code=204)
+def delete_template(name: str, request: Request) -> Response:
+    """Delete one of your own templates (refused while an instance still uses it)."""
+    with tx(request) as session:
+        user = current_user(session, request)
+        templates.delete_template(session, user, name)
+    return Response(status_code=204)

@@ -1,0 +1,131 @@
+"""The console's GPU catalog: models, prices by plan, free/total GPUs, and template support."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import RedirectResponse
+from sqlalchemy.orm import Session
+
+from gpulease.core.catalog import Catalog
+from gpulease.core.money import format_credits
+from gpulease.server.orm import User
+from gpulease.server.routers.deps import runtime, tx
+from gpulease.server.routers.ui.guards import login_url, viewer
+from gpulease.server.routers.ui.templating import render
+from gpulease.server.schemas import UserPublic
+from gpulease.server.services import nodes, templates
+from gpulease.server.services.billing import offpeak
+from gpulease.server.services.templates import TemplateView
+
+router = APIRouter()
+
+WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+FULL_BP = 10_000
+
+
+@dataclass(frozen=True)
+class TemplateFit:
+    """Whether a template can run on some node that has this model; reason when not."""
+
+    template: str
+    ok: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class CatalogRow:
+    name: str
+    is_gpu: bool
+    memory_gb: float
+    hourly: str
+    daily: str | None
+    spot: str | None
+    offpeak: str | None
+    free: int
+    total: int
+    simulated: int
+    fits: list[TemplateFit]
+
+
+@dataclass(frozen=True)
+class OffPeakLine:
+    days: str
+    hours: str
+    discount: str
+
+
+def _clock(minute: int) -> str:
+    return f"{minute // 60:02d}:{minute % 60:02d}"
+
+
+def offpeak_lines(session: Session) -> tuple[list[OffPeakLine], int]:
+    """The operator's off-peak windows for people, and the best discount in basis points."""
+    lines, best = [], 0
+    for _, w in offpeak.list_windows(session):
+        days = ", ".join(WEEKDAYS[d] for d in sorted(w.weekdays))
+        hours = f"{_clock(w.start_minute)}–{_clock(w.end_minute)} {w.tz}"
+        lines.append(OffPeakLine(days, hours, f"{w.discount_bp / 100:g} %"))
+        best = max(best, w.discount_bp)
+    return lines, best
+
+
+def usable_templates(session: Session, owner: User, catalog: Catalog) -> list[TemplateView]:
+    """Built-in templates and the owner's own ready ones, each with where it can run."""
+    return [
+        v for v in templates.list_templates(session, owner, catalog) if v.status == templates.READY
+    ]
+
+
+def template_fits(session: Session, owner: User, catalog: Catalog) -> dict[str, list[TemplateFit]]:
+    """Per catalog model, whether each template can run on a node with it, and why not
+    (services/templates: the nodes' drivers against the templates' CUDA builds)."""
+    fits: dict[str, list[TemplateFit]] = {m.name: [] for m in catalog.models}
+    for view in usable_templates(session, owner, catalog):
+        for a in view.availability:
+            if a.model in fits:
+                reason = a.reason or a.note or ""
+                fits[a.model].append(TemplateFit(view.template.name, a.available, reason))
+    return fits
+
+
+def catalog_rows(session: Session, owner: User, catalog: Catalog) -> list[CatalogRow]:
+    avail = nodes.availability(session, catalog)
+    symbol = catalog.currency_symbol
+    _, best_bp = offpeak_lines(session)
+    fits = template_fits(session, owner, catalog)
+    rows = []
+    for m in catalog.models:
+        a = avail[m.name]
+        off = m.hourly_micro * (FULL_BP - best_bp) // FULL_BP if best_bp else None
+        rows.append(
+            CatalogRow(
+                name=m.name,
+                is_gpu=m.is_gpu,
+                memory_gb=m.memory_gb,
+                hourly=format_credits(m.hourly_micro, symbol),
+                daily=format_credits(m.daily_micro, symbol) if m.daily_micro else None,
+                spot=format_credits(m.spot_hourly_micro, symbol) if m.spot_hourly_micro else None,
+                offpeak=format_credits(off, symbol) if off is not None else None,
+                free=a.free,
+                total=a.total,
+                simulated=a.simulated,
+                fits=fits.get(m.name, []),
+            )
+        )
+    return sorted(rows, key=lambda r: (not r.is_gpu, r.total == 0))
+
+
+@router.get("/catalog")
+def catalog_page(request: Request) -> Response:
+    catalog = runtime(request).catalog
+    with tx(request) as session:
+        user = viewer(session, request)
+        if user is None:
+            return RedirectResponse(login_url(request), status_code=303)
+        rows = catalog_rows(session, user, catalog)
+        windows, _ = offpeak_lines(session)
+        public = UserPublic.model_validate(user)
+    context = {"rows": rows, "windows": windows}
+    return render(request, "catalog/page.html", context, user=public, page="catalog")

@@ -1,0 +1,157 @@
+"""The console's run page (live log, metric curves, exit status) and the compare-runs page."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import RedirectResponse
+from sqlalchemy.orm import Session
+
+from gpulease.core.errors import InvalidInput, NotFound
+from gpulease.server.orm import User
+from gpulease.server.routers.deps import tx
+from gpulease.server.routers.ui.guards import login_url, viewer
+from gpulease.server.routers.ui.templating import render
+from gpulease.server.schemas import RunPublic, UserPublic
+from gpulease.server.services import console, runs
+
+router = APIRouter()
+
+RUN_ID = re.compile(r"[0-9]{1,9}")  # fits the database's integer column
+TAIL_CHUNKS = 500
+MAX_COMPARE = 8
+PICKER_RUNS = 50
+REFRESH_MS = 2000
+
+
+@dataclass(frozen=True)
+class RunView:
+    run: RunPublic
+    instance_id: int
+    instance_name: str
+    tail_from: int
+    keys: list[str]
+
+
+@dataclass(frozen=True)
+class PickerRow:
+    run: RunPublic
+    instance_name: str
+    chosen: bool
+
+
+def run_id(text: str) -> int:
+    if not RUN_ID.fullmatch(text):
+        raise NotFound(f"there is no run {text[:40]!r}; run ids are numbers")
+    return int(text)
+
+
+def load_run(session: Session, user: User, text: str) -> RunView:
+    """A run of the user's for its page; someone else's or an unknown id is NotFound."""
+    run = runs.get_run(session, user, run_id(text))
+    last = console.last_log_seqs(session, [run.id]).get(run.id, -1)
+    names = console.instance_names(session, user, [run.instance_id])
+    return RunView(
+        run=RunPublic.model_validate(run),
+        instance_id=run.instance_id,
+        instance_name=names.get(run.instance_id, f"#{run.instance_id}"),
+        tail_from=max(last - TAIL_CHUNKS, -1),
+        keys=console.metric_keys(session, [run.id]),
+    )
+
+
+def compare_ids(values: list[str]) -> list[int]:
+    """`ids=1,2,3` (or `ids=1&ids=2`) as run ids, in order, once each."""
+    ids: list[int] = []
+    for part in ",".join(values).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not RUN_ID.fullmatch(part):
+            raise InvalidInput(f"{part[:40]!r} is not a run id; give run numbers like ?ids=12,15")
+        if int(part) not in ids:
+            ids.append(int(part))
+    if len(ids) > MAX_COMPARE:
+        raise InvalidInput(f"compare at most {MAX_COMPARE} runs at a time; you gave {len(ids)}")
+    return ids
+
+
+def _not_found(request: Request, user: UserPublic, title: str, message: str) -> Response:
+    context = {"title": title, "message": message}
+    return render(request, "errors/error.html", context, user=user, status_code=404)
+
+
+@router.get("/runs/compare")
+def compare_page(
+    request: Request, ids: Annotated[list[str] | None, Query(max_length=400)] = None
+) -> Response:
+    with tx(request) as session:
+        user = viewer(session, request)
+        if user is None:
+            return RedirectResponse(login_url(request), status_code=303)
+        public = UserPublic.model_validate(user)
+        try:
+            chosen = compare_ids(ids or [])
+        except InvalidInput as exc:
+            refusal = {"title": "Cannot compare these runs", "message": exc.message}
+            return render(
+                request, "errors/error.html", refusal, user=public, status_code=exc.status
+            )
+        try:
+            picked = [RunPublic.model_validate(runs.get_run(session, user, i)) for i in chosen]
+        except NotFound as exc:
+            return _not_found(request, public, "Run not found", exc.message)
+        recent = [
+            RunPublic.model_validate(r) for r in runs.list_runs(session, user, None, PICKER_RUNS)
+        ]
+        shown = {r.id for r in recent}
+        everything = recent + [r for r in picked if r.id not in shown]
+        names = console.instance_names(session, user, {r.instance_id for r in everything})
+        picker = [
+            PickerRow(r, names.get(r.instance_id, f"#{r.instance_id}"), r.id in chosen)
+            for r in everything
+        ]
+        keys = console.metric_keys(session, chosen)
+    context = {
+        "picker": picker,
+        "chosen": picked,
+        "ids": ",".join(str(i) for i in chosen),
+        "keys": keys,
+        "max_compare": MAX_COMPARE,
+    }
+    return render(request, "runs/compare.html", context, user=public, page="compare")
+
+
+@router.get("/runs/{ref}")
+def run_page(ref: str, request: Request) -> Response:
+    with tx(request) as session:
+        user = viewer(session, request)
+        if user is None:
+            return RedirectResponse(login_url(request), status_code=303)
+        public = UserPublic.model_validate(user)
+        try:
+            view = load_run(session, user, ref)
+        except NotFound as exc:
+            return _not_found(request, public, "Run not found", exc.message)
+        run = runs.get_run(session, user, view.run.id)
+        # `run` and `user` (ORM rows) are what other areas' partials get (see the contracts).
+        context = {"view": view, "run": run, "user": user, "csrf": "", "refresh_ms": REFRESH_MS}
+        return render(request, "runs/page.html", context, user=public, page="run")
+
+
+@router.get("/partials/runs/{ref}")
+def run_live(ref: str, request: Request) -> Response:
+    """The run page's summary card, re-rendered for live.js."""
+    with tx(request) as session:
+        user = viewer(session, request)
+        if user is None:
+            return Response("log in again", status_code=401, media_type="text/plain")
+        try:
+            view = load_run(session, user, ref)
+        except NotFound as exc:
+            return Response(exc.message, status_code=404, media_type="text/plain")
+        public = UserPublic.model_validate(user)
+    return render(request, "runs/_summary.html", {"view": view}, user=public)

@@ -1,0 +1,37 @@
+"""Metrics: runs' metric points and nodes' GPU samples (points.py, gpus.py)."""
+
+from __future__ import annotations
+
+from gpulease.server.services.metrics.gpus import (
+    GpuReadingIn,
+    gpu_heatmap,
+    ingest_instance_samples,
+    ingest_node_readings,
+    instance_gpus,
+    instance_samples_after,
+    last_instance_sample_id,
+    latest_gpu_samples,
+)
+from gpulease.server.services.metrics.points import (
+    PointIn,
+    ingest_points,
+    points_after,
+    points_csv,
+    series,
+)
+
+__all__ = [
+    "GpuReadingIn",
+    "PointIn",
+    "gpu_heatmap",
+    "ingest_instance_samples",
+    "ingest_node_readings",
+    "ingest_points",
+    "instance_gpus",
+    "instance_samples_after",
+    "last_instance_sample_id",
+    "latest_gpu_samples",
+    "points_after",
+    "points_csv",
+    "series",
+]

@@ -1,0 +1,255 @@
+"""Metric points of runs: batched ingest that a retry cannot duplicate, series for charts."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.orm import Session
+
+from gpulease.core.errors import InvalidInput
+from gpulease.server.orm import Base, MetricPoint, Run
+from gpulease.server.services.metrics.downsample import min_max_indices
+
+KEY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$")
+SOURCES = ("sdk", "tensorboard", "stdout")  # also the preference when two report one step
+MAX_BATCH = 5000
+MAX_STEP = 2**63 - 1
+MAX_SERIES = 50
+MIN_POINTS, MAX_POINTS = 10, 20_000
+_EARLIEST, _LATEST = 946_684_800.0, 4_102_444_800.0  # 2000-01-01 .. 2100-01-01
+_PG_UNNEST_INSERT = text(
+    "INSERT INTO metric_points (run_id, key, step, value, time, source) "
+    "SELECT :run_id, k, s, v, t, src FROM unnest("
+    "CAST(:keys AS varchar[]), CAST(:steps AS bigint[]), CAST(:values AS double precision[]), "
+    "CAST(:times AS timestamptz[]), CAST(:sources AS varchar[])) AS u(k, s, v, t, src) "
+    "ON CONFLICT (run_id, source, key, step) DO NOTHING"
+)
+
+
+@dataclass(frozen=True)
+class PointIn:
+    """A point as a runner sends it: time in Unix seconds."""
+
+    key: str
+    step: int
+    value: float
+    time: float
+    source: str = "sdk"
+
+
+def _check(index: int, p: PointIn) -> None:
+    where = f"point {index} ({p.key!r} at step {p.step})"
+    if not KEY_PATTERN.match(p.key):
+        raise InvalidInput(
+            f"{where}: {p.key!r} is not a metric key; a key starts with a letter or _, then up "
+            "to 63 letters, digits or _ . / - (for example 'loss' or 'val/acc')"
+        )
+    if not 0 <= p.step <= MAX_STEP:
+        raise InvalidInput(f"{where}: the step must be a whole number from 0 to 2^63-1")
+    if not math.isfinite(p.value):
+        raise InvalidInput(
+            f"{where}: the value {p.value} is not a finite number; leave NaN and infinite "
+            "values out of the batch"
+        )
+    if not (math.isfinite(p.time) and _EARLIEST <= p.time <= _LATEST):
+        raise InvalidInput(f"{where}: time must be Unix seconds (as time.time() gives)")
+    if p.source not in SOURCES:
+        raise InvalidInput(f"{where}: source must be one of {', '.join(SOURCES)}")
+
+
+def ingest_points(session: Session, run: Run, points: Sequence[PointIn]) -> int:
+    """Store a batch of a run's points; returns how many were new. A (source, key, step)
+    the run already has is skipped (insert-or-ignore, on SQLite and PostgreSQL alike), so a
+    retried batch stores nothing twice. Any invalid point refuses the whole batch."""
+    if len(points) > MAX_BATCH:
+        raise InvalidInput(f"{len(points)} points in one batch; send at most {MAX_BATCH}")
+    rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for i, p in enumerate(points):
+        _check(i, p)
+        rows.setdefault(
+            (p.source, p.key, p.step),
+            {
+                "run_id": run.id,
+                "key": p.key,
+                "step": p.step,
+                "value": float(p.value),
+                "time": datetime.fromtimestamp(p.time, UTC),
+                "source": p.source,
+            },
+        )
+    if not rows:
+        return 0
+    values = list(rows.values())
+    if session.get_bind().dialect.name == "postgresql":
+        # one statement over arrays: several times faster than a multi-row VALUES
+        result = session.execute(
+            _PG_UNNEST_INSERT,
+            {
+                "run_id": run.id,
+                "keys": [r["key"] for r in values],
+                "steps": [r["step"] for r in values],
+                "values": [r["value"] for r in values],
+                "times": [r["time"] for r in values],
+                "sources": [r["source"] for r in values],
+            },
+        )
+    else:
+        statement = sqlite.insert(Base.metadata.tables["metric_points"]).on_conflict_do_nothing(
+            index_elements=["run_id", "source", "key", "step"]
+        )
+        result = session.connection().execute(statement, values)
+    return max(int(getattr(result, "rowcount", 0)), 0)
+
+
+def metric_keys(session: Session, run: Run) -> list[str]:
+    return list(
+        session.scalars(
+            select(MetricPoint.key)
+            .where(MetricPoint.run_id == run.id)
+            .distinct()
+            .order_by(MetricPoint.key)
+        )
+    )
+
+
+def last_point_id(session: Session, run: Run) -> int:
+    found = session.scalar(select(func.max(MetricPoint.id)).where(MetricPoint.run_id == run.id))
+    return int(found or 0)
+
+
+def check_max_points(max_points: int) -> int:
+    if not MIN_POINTS <= max_points <= MAX_POINTS:
+        raise InvalidInput(f"max_points must be from {MIN_POINTS} to {MAX_POINTS}")
+    return max_points
+
+
+def parse_keys(text: str | None) -> list[str] | None:
+    """'loss,acc' → ['loss', 'acc']; None or empty → None (every key)."""
+    if text is None or not text.strip():
+        return None
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    for key in keys:
+        if not KEY_PATTERN.match(key):
+            raise InvalidInput(
+                f"{key!r} is not a metric key; list keys separated by commas, e.g. keys=loss,acc"
+            )
+    if len(keys) > MAX_SERIES:
+        raise InvalidInput(f"at most {MAX_SERIES} keys at once")
+    return keys
+
+
+def _key_series(key: str, rows: list[Any], max_points: int) -> dict[str, Any]:
+    """One key's rows (step, value, time, source; ordered by step) as a chart series. When
+    two sources report the same step, the SDK's point wins over TensorBoard's over stdout's."""
+    steps: list[int] = []
+    values: list[float] = []
+    times: list[datetime] = []
+    ranks: list[int] = []
+    for step, value, time, source in rows:
+        rank = SOURCES.index(source) if source in SOURCES else len(SOURCES)
+        if steps and steps[-1] == step:
+            if rank < ranks[-1]:
+                values[-1], times[-1], ranks[-1] = value, time, rank
+            continue
+        steps.append(step)
+        values.append(value)
+        times.append(time)
+        ranks.append(rank)
+    kept = min_max_indices(values, max_points)
+    return {
+        "key": key,
+        "raw_count": len(rows),
+        "count": len(steps),
+        "downsampled": len(kept) < len(steps),
+        "steps": [steps[i] for i in kept],
+        "values": [values[i] for i in kept],
+        "times": [times[i].timestamp() for i in kept],
+        "last_step": steps[-1] if steps else None,
+        "last_value": values[-1] if values else None,
+        "min": min(values) if values else None,
+        "max": max(values) if values else None,
+    }
+
+
+def series(
+    session: Session, run: Run, keys: list[str] | None = None, max_points: int = 2000
+) -> dict[str, Any]:
+    """The run's curves for a chart, each downsampled to at most max_points (the raw points
+    stay stored; see points_csv). Shape:
+
+        {"run_id": 4, "keys": ["acc", "loss"],      # every key the run has
+         "max_points": 2000, "last_point_id": 812,  # resume the stream after this point
+         "series": [{"key": "loss", "raw_count": 100000, "count": 100000,
+                     "downsampled": true, "steps": [...], "values": [...],
+                     "times": [unix seconds ...], "last_step": 99999, "last_value": 0.01,
+                     "min": 0.009, "max": 2.3}, ...]}
+
+    Series come in the order of `keys` (None: every key, alphabetically, at most 50); a key
+    without points has empty lists.
+    """
+    check_max_points(max_points)
+    all_keys = metric_keys(session, run)
+    wanted = keys if keys is not None else all_keys[:MAX_SERIES]
+    last_id = last_point_id(session, run)
+    result = []
+    for key in wanted:
+        rows = session.execute(
+            select(MetricPoint.step, MetricPoint.value, MetricPoint.time, MetricPoint.source)
+            .where(MetricPoint.run_id == run.id, MetricPoint.key == key)
+            .order_by(MetricPoint.step)
+        ).all()
+        result.append(_key_series(key, list(rows), max_points))
+    return {
+        "run_id": run.id,
+        "keys": all_keys,
+        "max_points": max_points,
+        "last_point_id": last_id,
+        "series": result,
+    }
+
+
+def point_public(p: MetricPoint) -> dict[str, Any]:
+    return {
+        "id": p.id,
+        "key": p.key,
+        "step": p.step,
+        "value": p.value,
+        "time": p.time.timestamp(),
+        "source": p.source,
+    }
+
+
+def points_after(
+    session: Session, run: Run, after_id: int, limit: int = 5000, keys: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Points stored after the point with id after_id, in the order they were stored."""
+    query = select(MetricPoint).where(MetricPoint.run_id == run.id, MetricPoint.id > after_id)
+    if keys is not None:
+        query = query.where(MetricPoint.key.in_(keys))
+    return [point_public(p) for p in session.scalars(query.order_by(MetricPoint.id).limit(limit))]
+
+
+def points_csv(session: Session, run: Run) -> Iterator[str]:
+    """Every raw point of the run as CSV lines (header first): key,step,value,time,source,
+    time as ISO 8601 UTC, ordered by key, step, source."""
+    yield "key,step,value,time,source\n"
+    rows = session.execute(
+        select(
+            MetricPoint.key,
+            MetricPoint.step,
+            MetricPoint.value,
+            MetricPoint.time,
+            MetricPoint.source,
+        )
+        .where(MetricPoint.run_id == run.id)
+        .order_by(MetricPoint.key, MetricPoint.step, MetricPoint.source)
+    )
+    for key, step, value, time, source in rows:
+        yield f"{key},{step},{value!r},{time.isoformat()},{source}\n"

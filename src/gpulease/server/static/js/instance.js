@@ -1,0 +1,95 @@
+// The instance page's GPU charts: utilisation, memory, power and temperature of each real GPU,
+// first from /api/v1/instances/{id}/gpus, then grown live from its `sample` events
+// (/gpus/stream). Simulated GPUs have no readings and no charts.
+(function () {
+  "use strict";
+  const card = document.getElementById("gpus");
+  if (!card || !window.GpuleaseCharts || !window.uPlot) return;
+  const C = window.GpuleaseCharts;
+  const id = card.dataset.instance;
+  const note = document.getElementById("gpu-note");
+  const METRICS = [
+    { key: "util_pct", title: "Utilisation %", range: [0, 100] },
+    { key: "memory_used_mb", title: "Memory used (MiB)" },
+    { key: "power_w", title: "Power (W)" },
+    { key: "temperature_c", title: "Temperature (°C)" },
+  ];
+  const gpus = new Map(); // uuid -> {times, values: {key: []}, charts: {key: Chart}, waiting}
+  const MAX_POINTS = 2000;
+
+  function setup(cardEl) {
+    const uuid = cardEl.dataset.gpuUuid;
+    const entry = { times: [], values: {}, charts: {}, waiting: cardEl.querySelector("[data-gpu-waiting]") };
+    for (const m of METRICS) {
+      entry.values[m.key] = [];
+      const el = cardEl.querySelector(`[data-gpu-metric="${m.key}"]`);
+      if (!el) continue;
+      entry.charts[m.key] = new C.Chart(el, {
+        title: m.title,
+        time: true,
+        name: `gpu:${uuid}:${m.key}`,
+        height: 160,
+        legend: false,
+        yRange: m.range,
+        series: [{ label: m.title }],
+      });
+    }
+    gpus.set(uuid, entry);
+  }
+
+  function draw(entry) {
+    if (entry.times.length && entry.waiting) entry.waiting.hidden = true;
+    for (const m of METRICS) {
+      const chart = entry.charts[m.key];
+      if (chart) chart.set([entry.times.slice(), entry.values[m.key].slice()]);
+    }
+  }
+
+  function add(entry, sample) {
+    entry.times.push(sample.time);
+    for (const m of METRICS) entry.values[m.key].push(sample[m.key]);
+    if (entry.times.length > MAX_POINTS) {
+      entry.times.shift();
+      for (const m of METRICS) entry.values[m.key].shift();
+    }
+  }
+
+  async function start() {
+    for (const el of card.querySelectorAll('.gpu-card[data-simulated="no"]')) setup(el);
+    if (!gpus.size) return;
+    let data;
+    try {
+      data = await C.getJSON(`/api/v1/instances/${id}/gpus`);
+    } catch (err) {
+      note.textContent = "Could not load GPU readings: " + err.message;
+      return;
+    }
+    for (const g of data.gpus || []) {
+      const entry = gpus.get(g.uuid);
+      if (!entry || !g.series) continue;
+      entry.times = g.series.times.slice();
+      for (const m of METRICS) entry.values[m.key] = (g.series[m.key] || []).slice();
+      draw(entry);
+    }
+    const es = new EventSource(`/api/v1/instances/${id}/gpus/stream?since=${data.last_sample_id || 0}`);
+    es.addEventListener("sample", (event) => {
+      const touched = new Set();
+      for (const s of JSON.parse(event.data).samples || []) {
+        const entry = gpus.get(s.uuid);
+        if (!entry) continue;
+        add(entry, s);
+        touched.add(entry);
+      }
+      touched.forEach(draw);
+    });
+    es.onerror = () => {
+      note.textContent = es.readyState === EventSource.CLOSED ? "Live readings stopped; reload the page." : "Reconnecting…";
+    };
+    es.onopen = () => {
+      note.textContent = "";
+    };
+    window.addEventListener("pagehide", () => es.close());
+  }
+
+  start();
+})();

@@ -1,0 +1,168 @@
+"""The runner's end of terminal and Jupyter streams, against a stand-in server socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.server import Server, ServerConnection, serve
+
+from gpulease.runner.sandbox import Sandbox, base_environment, probe
+from gpulease.runner.streams import ShellSetup, Streams, shell_environment
+
+TOKEN = "runner-token"
+
+
+class StandIn:
+    """A WebSocket server playing the gpulease server's /runner/v1/streams/{id}."""
+
+    def __init__(self) -> None:
+        self.connections: queue.Queue[tuple[str, str, ServerConnection]] = queue.Queue()
+        self._stop = threading.Event()
+        self._server: Server = serve(self._handler, "127.0.0.1", 0)
+        self.port = self._server.socket.getsockname()[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def _handler(self, ws: ServerConnection) -> None:
+        assert ws.request is not None
+        self.connections.put((ws.request.path, ws.request.headers["Authorization"], ws))
+        self._stop.wait(60)  # the test talks to ws from its own thread
+
+    def next(self) -> tuple[str, str, ServerConnection]:
+        return self.connections.get(timeout=20)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.shutdown()
+
+
+@pytest.fixture
+def stand_in() -> Iterator[StandIn]:
+    server = StandIn()
+    yield server
+    server.close()
+
+
+def read_until(ws: ServerConnection, needle: bytes, timeout: float = 20) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        message = ws.recv(timeout=max(deadline - time.monotonic(), 0.01))
+        if isinstance(message, bytes):
+            seen += message
+    return seen
+
+
+def shell_setup(tmp_path: Path, sandboxed: bool) -> ShellSetup:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir(exist_ok=True)
+    env = {**base_environment(os.environ), "GPULEASE_RUN_ID": "0", "MARK": "from-runner"}
+    jail = None
+    if sandboxed:
+        venv = tmp_path / "venv"
+        venv.mkdir(exist_ok=True)
+        (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        jail = Sandbox(workspace=workspace, env_dir=venv, hostname="gpulease-7")
+    return ShellSetup(shell_environment(env, jail), str(workspace), jail)
+
+
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["plain", "sandboxed"])
+def test_a_terminal_runs_a_shell_on_a_pty_and_reports_its_exit(
+    stand_in: StandIn, tmp_path: Path, sandboxed: bool
+) -> None:
+    if sandboxed and (reason := probe()) is not None:
+        pytest.skip(f"bubblewrap cannot sandbox here: {reason}")
+    setup = shell_setup(tmp_path, sandboxed)
+    streams = Streams(f"http://127.0.0.1:{stand_in.port}", TOKEN, shell=lambda: setup)
+    item = {"id": "s1", "kind": "terminal", "cols": 77, "rows": 20}
+    streams.handle([item, {"id": "x", "kind": "teleport"}, "junk"])
+    streams.handle([item])  # the same id again: not opened twice
+    path, auth, ws = stand_in.next()
+    assert path == "/runner/v1/streams/s1" and auth == f"Bearer {TOKEN}"
+    ws.send(b"stty size; echo $MARK-${GPULEASE_RUN_ID:-none}; tty -s && echo tty-$((6*7))\r")
+    out = read_until(ws, b"tty-42\r\n")
+    assert b"20 77" in out and b"from-runner-none" in out
+    ws.send(json.dumps({"type": "resize", "cols": 90, "rows": 33}))
+    ws.send(b"stty size; hostname\r")
+    out = read_until(ws, b"33 90")
+    if sandboxed:
+        out += read_until(ws, b"gpulease-7")
+    ws.send(b"sleep 1000 & exit 3\r")  # a leftover job does not keep the terminal open
+    messages: list[Any] = []
+    while True:
+        try:
+            messages.append(ws.recv(timeout=20))
+        except ConnectionClosed:
+            break
+    assert json.loads(messages[-1]) == {"type": "exit", "code": 3}
+    with pytest.raises(queue.Empty):
+        stand_in.connections.get(timeout=0.2)
+
+
+def test_closing_the_streams_ends_open_terminals(stand_in: StandIn, tmp_path: Path) -> None:
+    setup = shell_setup(tmp_path, sandboxed=False)
+    streams = Streams(f"http://127.0.0.1:{stand_in.port}", TOKEN, shell=lambda: setup)
+    streams.handle([{"id": "s2", "kind": "terminal"}])
+    _, _, ws = stand_in.next()
+    ws.send(b"echo ready-$((6*7))\r")
+    read_until(ws, b"ready-42\r\n")
+    streams.close()
+    with pytest.raises(ConnectionClosed):
+        while True:
+            ws.recv(timeout=20)
+    streams.handle([{"id": "s3", "kind": "terminal"}])  # closed: nothing new opens
+    with pytest.raises(queue.Empty):
+        stand_in.connections.get(timeout=0.2)
+
+
+def test_jupyter_streams_pipe_bytes_to_the_socket_or_say_why_not(
+    stand_in: StandIn, tmp_path: Path
+) -> None:
+    # A long socket path (over sun_path's 108 bytes) still connects.
+    directory = tmp_path / ("d" * 60) / ("e" * 60)
+    directory.mkdir(parents=True)
+    path = directory / "lab.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    listener.bind(f"/proc/self/fd/{fd}/lab.sock")
+    os.close(fd)
+    listener.listen(1)
+    answers = iter([str(path), RuntimeError("JupyterLab could not be installed: no PyPI")])
+
+    def jupyter() -> str:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    setup = shell_setup(tmp_path, sandboxed=False)
+    streams = Streams(
+        f"http://127.0.0.1:{stand_in.port}", TOKEN, shell=lambda: setup, jupyter=jupyter
+    )
+    streams.handle([{"id": "j1", "kind": "jupyter"}])
+    _, _, ws = stand_in.next()
+    ws.send(b"GET /api/status HTTP/1.1\r\n\r\n")
+    conn, _ = listener.accept()
+    with conn:
+        assert conn.recv(1024) == b"GET /api/status HTTP/1.1\r\n\r\n"
+        conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+        assert ws.recv(timeout=20) == b"HTTP/1.1 200 OK\r\n\r\n"
+    with pytest.raises(ConnectionClosed):  # JupyterLab closed its end: so does the stream
+        ws.recv(timeout=20)
+    listener.close()
+
+    streams.handle([{"id": "j2", "kind": "jupyter"}])
+    _, _, ws = stand_in.next()
+    assert json.loads(ws.recv(timeout=20)) == {
+        "type": "error",
+        "message": "JupyterLab could not be installed: no PyPI",
+    }
