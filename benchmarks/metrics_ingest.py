@@ -9,8 +9,9 @@ this script posts as that runner (with its token), as the runner's metrics shipp
   request, beside an empty batch through the same route in the same run (the cost of any
   authenticated request: HTTP, token lookup, one transaction).
 - delay: one point POSTed → its `metric` event read by a client of
-  `GET /api/v1/runs/{id}/stream`, beside a round trip over a local TCP socket.
-  (The SDK → runner → server leg is the runner's; see benchmarks of the runner.)
+  `GET /api/v1/runs/{id}/stream`, and the whole path from `track.log` in a run (the SDK's
+  line, the runner's batch every 0.5 s, the POST, the stream) to that client, each beside a
+  round trip over a local TCP socket.
 
     .venv/bin/python benchmarks/metrics_ingest.py [-n 30] [--batch 1000]
 """
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import queue
+import shlex
 import socket
 import statistics
 import sys
@@ -150,6 +152,33 @@ class Bench:
         self.post(1)  # wakes the listener so that it sees stop
         return samples
 
+    def track_delays(self, n: int) -> list[float]:
+        """Seconds from `track.log` in a run to its point arriving on an SSE client: the
+        whole path (the SDK's line, the runner's batch, the POST, the server, the stream).
+        The run logs its own time.time() as the value; both ends read this host's clock."""
+        script = (
+            "import time\nfrom gpulease import track\n"
+            f"for i in range({n}):\n"
+            "    track.log(step=i, sent=time.time())\n"
+            "    time.sleep(0.3)\n"
+        )
+        run_id = self.client.create_run("box", "python -c " + shlex.quote(script)).id
+        samples: list[float] = []
+        headers = {"Authorization": f"Bearer {self.user_token}"}
+        params = {"since": "-1:0", "logs": "false"}
+        url = f"{self.platform.url}/api/v1/runs/{run_id}/stream"
+        with httpx.stream("GET", url, params=params, headers=headers, timeout=120) as r:
+            for message in parse_sse_events(r.iter_lines()):
+                now = time.time()
+                if message.event == "metric":
+                    for p in json.loads(message.data)["points"]:
+                        if p["key"] == "sent":
+                            samples.append(now - float(p["value"]))
+                if message.event == "end" or len(samples) >= n:
+                    break
+        assert len(samples) == n, f"got {len(samples)} of {n} points from the run"
+        return samples
+
     def close(self) -> None:
         self.http.close()
         self.client.close()
@@ -178,6 +207,8 @@ def measure(
                 full = [bench.post(batch) for _ in range(n)]
             with console.status(f"{label}: delay to an SSE client"):
                 delays = bench.delays(n)
+            with console.status(f"{label}: delay from track.log in a run to an SSE client"):
+                track_delays = bench.track_delays(n)
             bench.close()
         finally:
             platform.end_runners()
@@ -186,6 +217,7 @@ def measure(
         (f"{label}: empty batch request (baseline)", empty, "s"),
         (f"{label}: batch of {batch} points", full, "s"),
         (f"{label}: point POSTed → SSE event", delays, "s"),
+        (f"{label}: track.log in a run → SSE event", track_delays, "s"),
     ]
 
 
