@@ -179,3 +179,25 @@ def test_the_heatmap_has_a_row_per_gpu_and_a_column_per_bucket(
     assert ann.get("/api/v1/admin/gpu-heatmap").status_code == 403
     too_many = admin.get("/api/v1/admin/gpu-heatmap", params={"minutes": 10080, "bucket_s": 5})
     assert too_many.status_code == 422 and "larger bucket_s" in too_many.json()["detail"]
+
+
+def test_gpu_samples_past_their_retention_are_pruned_and_newer_ones_kept(rt: Runtime) -> None:
+    """GPULEASE_GPU_SAMPLE_RETENTION_DAYS (30 by default): older samples go, newer stay."""
+    from datetime import timedelta
+
+    from gpulease.server.db import utcnow
+    from gpulease.server.orm import Node
+    from gpulease.server.reconcilers.gpu_samples import prune_samples
+
+    now = utcnow()
+    ages = [timedelta(days=40), timedelta(days=31), timedelta(days=29), timedelta(minutes=1)]
+    with transaction(rt.sessions) as session:
+        node_id = session.scalars(select(Node.id)).first()
+        assert node_id is not None
+        for age in ages:
+            session.add(GpuSample(node_id=node_id, gpu_uuid="GPU-x", time=now - age, util_pct=50.0))
+    assert prune_samples(rt, now=now) == 2
+    assert prune_samples(rt, now=now) == 0
+    with transaction(rt.sessions) as session:
+        kept = sorted(session.scalars(select(GpuSample.time)).all())
+    assert kept == [now - timedelta(days=29), now - timedelta(minutes=1)]

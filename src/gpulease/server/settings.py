@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     # Automatic stop (issue 4): the longest idle time (minutes) a renter may allow before an
     # idle instance is stopped; instances without their own setting get it. None: no ceiling.
     idle_stop_max_minutes: int | None = Field(default=None, ge=1)
+    # GPU samples (5 s per GPU: 17,280 rows a GPU a day) older than this are deleted. Metric
+    # points of runs are never deleted: they are the user's results.
+    gpu_sample_retention_days: int = Field(default=30, ge=1, le=3650)
 
     # Datasets (issue 5): storage quota, the master key, the blob store, the node's cache.
     # Each user may keep this many GB (10^9 bytes) of distinct dataset content.

@@ -11,15 +11,20 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
+from sqlalchemy import delete, select
+
 from gpulease.gpus.discovery import Nvml
 from gpulease.gpus.sampling import GpuReading, read_gpus
 from gpulease.server.db import transaction, utcnow
+from gpulease.server.orm import GpuSample
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import metrics
 from gpulease.server.services.metrics.gpus import newest_sample_times, real_gpu_uuids
 
 log = logging.getLogger("gpulease.reconcilers")
 SAMPLE_INTERVAL_S = 5.0
+PRUNE_INTERVAL_S = 600.0
+PRUNE_BATCH = 50_000
 Reader = Callable[[Nvml | None, Sequence[str]], list[GpuReading]]
 
 # uuid -> time of the last sample this process's sampler wrote for it
@@ -61,3 +66,18 @@ def sample_gpus(rt: Runtime, reader: Reader = read_gpus, nvml: Nvml | None = Non
     for r in readings:
         _written[r.uuid] = datetime.fromtimestamp(r.time, UTC)
     return stored
+
+
+def prune_samples(rt: Runtime, now: datetime | None = None) -> int:
+    """Delete GPU samples older than GPULEASE_GPU_SAMPLE_RETENTION_DAYS, at most PRUNE_BATCH
+    a call (short transactions; the next call goes on). Returns how many went."""
+    cutoff = (now or utcnow()) - timedelta(days=rt.settings.gpu_sample_retention_days)
+    with transaction(rt.sessions) as session:
+        old = (
+            select(GpuSample.id)
+            .where(GpuSample.time < cutoff)
+            .order_by(GpuSample.id)
+            .limit(PRUNE_BATCH)
+        )
+        result = session.execute(delete(GpuSample).where(GpuSample.id.in_(old)))
+        return int(getattr(result, "rowcount", 0) or 0)

@@ -9,7 +9,12 @@ from collections.abc import Callable
 
 from gpulease.server.reconcilers import billing, health, idle, launcher, meter, notify, scheduler
 from gpulease.server.reconcilers import schedules as schedule_fires
-from gpulease.server.reconcilers.gpu_samples import SAMPLE_INTERVAL_S, sample_gpus
+from gpulease.server.reconcilers.gpu_samples import (
+    PRUNE_INTERVAL_S,
+    SAMPLE_INTERVAL_S,
+    prune_samples,
+    sample_gpus,
+)
 from gpulease.server.runtime import Runtime
 
 log = logging.getLogger("gpulease.reconcilers")
@@ -28,6 +33,7 @@ def steps(rt: Runtime) -> list[tuple[Step, float]]:
         (billing.tick, 5),
         (billing.storage_tick, rt.settings.storage_meter_interval_s),
         (sample_gpus, SAMPLE_INTERVAL_S),  # GPU samples of this host's real GPUs
+        (prune_samples, PRUNE_INTERVAL_S),  # GPU samples past their retention
     ]
 
 
