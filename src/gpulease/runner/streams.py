@@ -245,8 +245,11 @@ class Streams:
             code = terminal.process.wait()
             ws.send(json.dumps({"type": "exit", "code": code}))
         except (OSError, WebSocketException):
-            return
-        ws.close()
+            # The PTY was closed under us (Streams.close ends every terminal: select then
+            # fails with EBADF) or the server went away: the socket must end all the same.
+            pass
+        finally:
+            ws.close()
 
     def _jupyter_pipe(self, ws: ClientConnection) -> None:
         if self._jupyter is None:
