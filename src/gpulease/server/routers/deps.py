@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 from sqlalchemy.orm import Session
+from starlette.requests import HTTPConnection
 
 from gpulease.core.errors import Forbidden, InvalidInput, Unauthorized
 from gpulease.core.money import MoneyError, parse_credits
@@ -31,12 +32,21 @@ def tx(request: Request) -> Iterator[Session]:
         yield session
 
 
-def bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
+def bearer(connection: HTTPConnection) -> str | None:
+    """The token of an `Authorization: Bearer` header (HTTP request or WebSocket), if any."""
+    header = connection.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
     return None
+
+
+def runner_token(request: Request) -> str:
+    """The per-instance token of a runner call (docs/runner-protocol.md); 401 without one."""
+    token = bearer(request)
+    if not token:
+        raise Unauthorized("runner calls need 'Authorization: Bearer <runner token>'")
+    return token
 
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}

@@ -14,9 +14,9 @@ import json
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from gpulease.core.errors import InvalidInput, Unauthorized
+from gpulease.core.errors import InvalidInput
 from gpulease.server.orm import Dataset, Instance, User
-from gpulease.server.routers.deps import bearer, current_user, runtime, tx
+from gpulease.server.routers.deps import current_user, runner_token, runtime, tx
 from gpulease.server.schemas import (
     DatasetChunksReceived,
     DatasetCommit,
@@ -199,11 +199,8 @@ def abandon_push(name: str, push_id: int, request: Request) -> Response:
 
 
 def _instance(request: Request) -> Instance:
-    token = bearer(request)
-    if not token:
-        raise Unauthorized("runner calls need 'Authorization: Bearer <runner token>'")
     with tx(request) as session:
-        return runners.instance_for_token(session, token)
+        return runners.instance_for_token(session, runner_token(request))
 
 
 @runner_router.get("")

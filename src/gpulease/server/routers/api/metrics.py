@@ -17,8 +17,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from gpulease.core.errors import InvalidInput
-from gpulease.server.routers.api.runner import _token
-from gpulease.server.routers.deps import current_admin, current_user, tx
+from gpulease.server.routers.deps import current_admin, current_user, runner_token, tx
 from gpulease.server.schemas import (
     GpuHeatmap,
     InstanceGpus,
@@ -49,7 +48,7 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 def runner_metrics(run_id: int, body: RunnerMetrics, request: Request) -> Response:
     points = [metrics.PointIn(p.key, p.step, p.value, p.time, p.source) for p in body.points]
     with tx(request) as session:
-        instance = runners.instance_for_token(session, _token(request))
+        instance = runners.instance_for_token(session, runner_token(request))
         run = runners.run_of(session, instance, run_id)
         added = metrics.ingest_points(session, run, points)
     if added:
@@ -61,7 +60,7 @@ def runner_metrics(run_id: int, body: RunnerMetrics, request: Request) -> Respon
 def runner_gpu_samples(body: RunnerGpuSamples, request: Request) -> Response:
     readings = [metrics.GpuReadingIn(**s.model_dump()) for s in body.samples]
     with tx(request) as session:
-        instance = runners.instance_for_token(session, _token(request))
+        instance = runners.instance_for_token(session, runner_token(request))
         added = metrics.ingest_instance_samples(session, instance, readings)
     if added:
         request.app.state.signals.gpu.fire()

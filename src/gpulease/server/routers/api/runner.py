@@ -8,8 +8,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from gpulease.core.errors import Unauthorized
-from gpulease.server.routers.deps import bearer, tx
+from gpulease.server.routers.deps import runner_token, tx
 from gpulease.server.schemas import (
     RunnerAction,
     RunnerCommands,
@@ -29,17 +28,10 @@ router = APIRouter(prefix="/runner/v1", tags=["runner"])
 MAX_WAIT_S = 30.0
 
 
-def _token(request: Request) -> str:
-    token = bearer(request)
-    if not token:
-        raise Unauthorized("runner calls need 'Authorization: Bearer <runner token>'")
-    return token
-
-
 @router.post("/status", status_code=204)
 def status(body: RunnerStatus, request: Request) -> Response:
     with tx(request) as session:
-        instance = runners.instance_for_token(session, _token(request))
+        instance = runners.instance_for_token(session, runner_token(request))
         runners.report_status(session, instance, body.message)
     return Response(status_code=204)
 
@@ -47,7 +39,7 @@ def status(body: RunnerStatus, request: Request) -> Response:
 @router.post("/ready", status_code=204)
 def ready(body: RunnerReady, request: Request) -> Response:
     with tx(request) as session:
-        instance = runners.instance_for_token(session, _token(request))
+        instance = runners.instance_for_token(session, runner_token(request))
         runners.ready(session, instance)
     request.app.state.signals.runs.fire()
     return Response(status_code=204)
@@ -56,14 +48,14 @@ def ready(body: RunnerReady, request: Request) -> Response:
 @router.post("/heartbeat")
 def heartbeat(body: RunnerHeartbeat, request: Request) -> RunnerAction:
     with tx(request) as session:
-        instance = runners.instance_for_token(session, _token(request))
+        instance = runners.instance_for_token(session, runner_token(request))
         return RunnerAction(action=runners.heartbeat(session, instance))
 
 
 @router.get("/commands")
 async def commands(request: Request, wait: float = 20.0) -> RunnerCommands:
     """Long poll: answers as soon as a run is pending, or empty after `wait` seconds."""
-    token = _token(request)
+    token = runner_token(request)
     deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
 
     def _pending() -> tuple[int, list[RunnerRun], list[dict[str, str | int]]]:
@@ -95,7 +87,7 @@ async def commands(request: Request, wait: float = 20.0) -> RunnerCommands:
 @router.post("/runs/{run_id}/started", status_code=204)
 def run_started(run_id: int, body: RunnerStarted, request: Request) -> Response:
     with tx(request) as session:
-        instance = runners.instance_for_token(session, _token(request))
+        instance = runners.instance_for_token(session, runner_token(request))
         runners.run_started(session, instance, runners.run_of(session, instance, run_id))
     request.app.state.signals.logs.fire()
     return Response(status_code=204)
@@ -104,7 +96,7 @@ def run_started(run_id: int, body: RunnerStarted, request: Request) -> Response:
 @router.post("/runs/{run_id}/logs", status_code=204)
 def run_logs(run_id: int, body: RunnerLogs, request: Request) -> Response:
     with tx(request) as session:
-        instance = runners.instance_for_token(session, _token(request))
+        instance = runners.instance_for_token(session, runner_token(request))
         run = runners.run_of(session, instance, run_id)
         runs.append_logs(session, run, [(c.seq, c.stream, c.data, c.time) for c in body.chunks])
     request.app.state.signals.logs.fire()
@@ -114,7 +106,7 @@ def run_logs(run_id: int, body: RunnerLogs, request: Request) -> Response:
 @router.post("/runs/{run_id}/exit", status_code=204)
 def run_exit(run_id: int, body: RunnerExit, request: Request) -> Response:
     with tx(request) as session:
-        instance = runners.instance_for_token(session, _token(request))
+        instance = runners.instance_for_token(session, runner_token(request))
         runners.run_exited(
             session, instance, runners.run_of(session, instance, run_id), body.exit_code
         )
@@ -126,7 +118,7 @@ def run_exit(run_id: int, body: RunnerExit, request: Request) -> Response:
 @router.get("/workdir", response_model=None)
 def workdir(request: Request) -> Response | FileResponse:
     with tx(request) as session:
-        instance = runners.instance_for_token(session, _token(request))
+        instance = runners.instance_for_token(session, runner_token(request))
         upload = instance.workdir_upload
     if not upload:
         return Response(status_code=204)
@@ -136,7 +128,7 @@ def workdir(request: Request) -> Response | FileResponse:
 @router.post("/stopped", status_code=204)
 def stopped(request: Request) -> Response:
     with tx(request) as session:
-        instance = runners.instance_for_token(session, _token(request))
+        instance = runners.instance_for_token(session, runner_token(request))
         runners.stopped(session, instance)
     request.app.state.signals.logs.fire()
     request.app.state.wake_reconcilers()
@@ -146,7 +138,7 @@ def stopped(request: Request) -> Response:
 @router.post("/failed", status_code=204)
 def failed(body: RunnerFailed, request: Request) -> Response:
     with tx(request) as session:
-        instance = runners.instance_for_token(session, _token(request))
+        instance = runners.instance_for_token(session, runner_token(request))
         runners.failed(session, instance, body.reason)
     request.app.state.signals.logs.fire()
     request.app.state.wake_reconcilers()

@@ -11,6 +11,7 @@ from starlette.websockets import WebSocketState
 
 from gpulease.core.errors import Unauthorized
 from gpulease.server.db import transaction
+from gpulease.server.routers.deps import bearer
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import runners
 from gpulease.server.services.streams import hub_of
@@ -33,14 +34,9 @@ async def refuse(websocket: WebSocket, status: int, message: str) -> None:
         await websocket.close(code=4000 + status, reason=message[:120])
 
 
-def _bearer(websocket: WebSocket) -> str | None:
-    scheme, _, value = websocket.headers.get("authorization", "").partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
 @router.websocket("/streams/{stream_id}")
 async def runner_stream(websocket: WebSocket, stream_id: str) -> None:
-    token = _bearer(websocket)
+    token = bearer(websocket)
     if token is None:
         await refuse(websocket, 401, "runner streams need 'Authorization: Bearer <runner token>'")
         return

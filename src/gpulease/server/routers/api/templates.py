@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from gpulease.core.errors import Unauthorized
-from gpulease.server.routers.deps import bearer, current_user, runtime, tx
+from gpulease.server.routers.deps import current_user, runner_token, runtime, tx
 from gpulease.server.schemas import (
     RunnerTaskResult,
     TemplateAvailabilityPublic,
@@ -85,11 +84,8 @@ def save_template(ref: str, body: TemplateSave, request: Request) -> TemplatePub
 
 @runner_router.post("/tasks/{task_id}/result", status_code=204)
 def task_result(task_id: int, body: RunnerTaskResult, request: Request) -> Response:
-    token = bearer(request)
-    if not token:
-        raise Unauthorized("runner calls need 'Authorization: Bearer <runner token>'")
     with tx(request) as session:
-        instance = runners.instance_for_token(session, token)
+        instance = runners.instance_for_token(session, runner_token(request))
         templates.record_result(session, instance, task_id, body.packages, body.error)
     return Response(status_code=204)
 
