@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Coroutine
+from typing import Any
 
 from fastapi import APIRouter, WebSocket
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
-from starlette.websockets import WebSocketState
+from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from gpulease.core.errors import Unauthorized
 from gpulease.server.db import transaction
@@ -67,6 +70,20 @@ async def runner_stream(websocket: WebSocket, stream_id: str) -> None:
     finally:
         hub.close(stream)
         await close_quietly(websocket)
+
+
+async def until_first_ends(*pumps: Coroutine[Any, Any, None]) -> None:
+    """Run the pumps of a bridged connection until one ends (one side hung up), then cancel
+    the others and wait for them; the disconnect errors that follow are expected."""
+    tasks = [asyncio.create_task(pump) for pump in pumps]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError, WebSocketDisconnect):
+                await task
 
 
 async def close_quietly(websocket: WebSocket, code: int = 1000, reason: str = "") -> None:

@@ -11,7 +11,6 @@ outside its own path.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,7 +26,7 @@ from websockets.http11 import Response as WsResponse
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
-from gpulease.server.routers.api.runner_streams import close_quietly, refuse
+from gpulease.server.routers.api.runner_streams import close_quietly, refuse, until_first_ends
 from gpulease.server.routers.deps import SESSION_COOKIE, same_origin
 from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.guards import login_url
@@ -424,15 +423,9 @@ async def _bridge_websocket(
                             else:
                                 await browser.send_bytes(data)
 
-    tasks = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        await until_first_ends(upstream(), downstream())
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, RuntimeError, WebSocketDisconnect):
-                await task
         await activity.drain()
         await close_quietly(browser)
 

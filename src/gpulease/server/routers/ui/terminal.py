@@ -14,11 +14,10 @@ from fastapi import APIRouter, Request, Response, WebSocket
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
-from starlette.websockets import WebSocketDisconnect
 
 from gpulease.core.errors import NotFound
 from gpulease.server.db import transaction
-from gpulease.server.routers.api.runner_streams import close_quietly, refuse
+from gpulease.server.routers.api.runner_streams import close_quietly, refuse, until_first_ends
 from gpulease.server.routers.deps import SESSION_COOKIE, tx
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
@@ -208,15 +207,9 @@ async def relay(browser: WebSocket, runner: WebSocket, *, on_input: Callable[[],
             elif message.get("text") is not None:
                 await browser.send_text(message["text"])
 
-    tasks = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        await until_first_ends(upstream(), downstream())
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, RuntimeError, WebSocketDisconnect):
-                await task
         await close_quietly(runner)  # the caller closes the browser's socket
 
 
