@@ -68,7 +68,9 @@ def test_instance_refusals_print_the_server_message(cli: Cli) -> None:
 
 def test_instance_create_wait_polls_until_running(cli: Cli) -> None:
     cli.login_as("ann")
-    later = threading.Timer(0.3, cli.server.cluster.start)  # the CLI sees it queued first
+    # The CLI must see it queued first: its create and first poll come well within this,
+    # also on a loaded CI machine (0.3 s was once too short there).
+    later = threading.Timer(1.5, cli.server.cluster.start)
     later.start()
     try:
         created = cli("instance", "create", "--gpu", "A100-80GB:2", "--name", "big", "--wait")
