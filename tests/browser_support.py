@@ -20,9 +20,9 @@ from fastapi import FastAPI
 from factories import RunnerDouble
 from gpulease.backends.fake import FakeBackend
 from gpulease.client import GpuleaseClient
+from gpulease.schemas.instances import InstancePublic
 from gpulease.server.reconcilers.loop import run_once
 from gpulease.server.runtime import Runtime
-from gpulease.server.schemas import InstancePublic
 from processes import ADMIN_PASSWORD
 
 if TYPE_CHECKING:

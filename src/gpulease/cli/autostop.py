@@ -23,7 +23,7 @@ from gpulease.cli.output import (
 )
 from gpulease.core.catalog import parse_accelerators
 from gpulease.core.errors import InvalidInput
-from gpulease.server.schemas import AutostopPublic
+from gpulease.schemas.autostop import AutostopPublic
 
 RefArgument = Annotated[str, typer.Argument(metavar="REF", help="instance id or name")]
 

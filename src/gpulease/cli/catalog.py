@@ -20,7 +20,7 @@ from gpulease.cli.output import (
     table,
     when,
 )
-from gpulease.server.schemas import GpuModelPublic, TemplateAvailabilityPublic, TemplatePublic
+from gpulease.schemas.catalog import GpuModelPublic, TemplateAvailabilityPublic, TemplatePublic
 
 SAVE_POLL_S = 0.5
 SAVE_TIMEOUT_S = 300.0

@@ -24,7 +24,7 @@ from gpulease.cli.output import (
     when,
 )
 from gpulease.client import GpuleaseClient, InstanceRef
-from gpulease.server.schemas import InstancePublic
+from gpulease.schemas.instances import InstancePublic
 
 # How often waiting commands poll an instance that is queued or starting.
 POLL_INTERVAL_S = 1.0

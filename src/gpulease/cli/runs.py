@@ -36,7 +36,7 @@ from gpulease.client import (
     pack_workdir,
 )
 from gpulease.core.taskspec import TaskSpec, parse_task
-from gpulease.server.schemas import LogChunkPublic
+from gpulease.schemas.runs import LogChunkPublic
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXIT_INTERRUPTED = 130

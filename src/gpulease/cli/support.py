@@ -22,7 +22,7 @@ from gpulease.cli.output import (
     table,
     when,
 )
-from gpulease.server.schemas import SupportTicketDetail
+from gpulease.schemas.support import SupportTicketDetail
 
 ticket_app = typer.Typer(
     help="Support tickets: ask the operators for help, read and answer their replies.",

@@ -19,7 +19,7 @@ from gpulease.cli.output import (
     when,
 )
 from gpulease.core.money import format_credits
-from gpulease.server.schemas import LimitsPublic, TeamPublic
+from gpulease.schemas.billing import LimitsPublic, TeamPublic
 
 
 def _money(micro: int | None) -> str:

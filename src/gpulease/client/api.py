@@ -47,10 +47,22 @@ from gpulease.client.trust import (
     untrusted_message,
 )
 from gpulease.client.workdir import WorkdirArchive, pack_workdir
-from gpulease.server.schemas import (
-    AuthResult,
-    AutostopPublic,
-    Balance,
+from gpulease.schemas.accounts import AuthResult, TokenCreated, TokenPublic, UserPublic
+from gpulease.schemas.autostop import AutostopPublic, SchedulePublic
+from gpulease.schemas.billing import (
+    LimitsPublic,
+    OffPeakPublic,
+    PlanQuote,
+    TeamPublic,
+    VoucherPublic,
+)
+from gpulease.schemas.catalog import (
+    GpuModelPublic,
+    NodePublic,
+    TemplateAvailabilityPublic,
+    TemplatePublic,
+)
+from gpulease.schemas.datasets import (
     DatasetChunksReceived,
     DatasetDetail,
     DatasetFileEntry,
@@ -59,36 +71,19 @@ from gpulease.server.schemas import (
     DatasetPublic,
     DatasetRemoved,
     DatasetUploadPublic,
-    EstimatePublic,
-    GpuModelPublic,
-    InstanceGpus,
-    InstancePublic,
-    LedgerLine,
-    LimitsPublic,
-    LogPage,
-    NodePublic,
+)
+from gpulease.schemas.estimates import EstimatePublic
+from gpulease.schemas.instances import InstancePublic
+from gpulease.schemas.ledger import Balance, LedgerLine, Usage
+from gpulease.schemas.metrics import InstanceGpus, RunMetrics, RunsCompared
+from gpulease.schemas.notifications import (
     NotificationChannelsPublic,
     NotificationChannelsUpdate,
     NotificationPublic,
-    OffPeakPublic,
-    PlanQuote,
-    RevenuePublic,
-    RunMetrics,
-    RunPublic,
-    RunsCompared,
-    SchedulePublic,
-    StatementPublic,
-    SupportTicketDetail,
-    SupportTicketPublic,
-    TeamPublic,
-    TemplateAvailabilityPublic,
-    TemplatePublic,
-    TokenCreated,
-    TokenPublic,
-    Usage,
-    UserPublic,
-    VoucherPublic,
 )
+from gpulease.schemas.runs import LogPage, RunPublic
+from gpulease.schemas.statements import RevenuePublic, StatementPublic
+from gpulease.schemas.support import SupportTicketDetail, SupportTicketPublic
 
 API_PREFIX = "/api/v1"
 # A proxy in front of a restarting server answers these; the log stream waits them out.

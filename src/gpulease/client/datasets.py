@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from gpulease.client.errors import ClientError
 from gpulease.core.datasets import check_dataset_name, path_problem
 from gpulease.core.errors import InvalidInput
-from gpulease.server.schemas import DatasetChunksReceived, DatasetPublic
+from gpulease.schemas.datasets import DatasetChunksReceived, DatasetPublic
 from gpulease.storage.chunking import ChunkRef, chunk_digests, file_chunks, pack, read_chunk
 
 if TYPE_CHECKING:

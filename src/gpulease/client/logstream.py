@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from gpulease.server.schemas import LogChunkPublic, RunPublic
+from gpulease.schemas.runs import LogChunkPublic, RunPublic
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from gpulease.client.logstream import EndEvent, LogEvent, StatusEvent, StreamProtocolError
-from gpulease.server.schemas import LogChunkPublic, MetricPointPublic, RunPublic
+from gpulease.schemas.metrics import MetricPointPublic
+from gpulease.schemas.runs import LogChunkPublic, RunPublic
 
 START = "-1:0"
 """The stream position before everything: every log chunk and metric point."""

@@ -13,14 +13,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import Conflict, InvalidInput
-from gpulease.server.db import utcnow
-from gpulease.server.orm import Notification, NotificationChannel, NotificationDelivery, User
-from gpulease.server.schemas import (
+from gpulease.schemas.notifications import (
     EmailChannelPublic,
     NotificationChannelsPublic,
     NotificationChannelsUpdate,
     WebhookChannelPublic,
 )
+from gpulease.server.db import utcnow
+from gpulease.server.orm import Notification, NotificationChannel, NotificationDelivery, User
 from gpulease.server.services import notifications
 
 WEBHOOK = "webhook"

@@ -27,17 +27,7 @@ from sqlalchemy.orm import Session
 from gpulease.core.catalog import Catalog
 from gpulease.core.errors import InvalidInput
 from gpulease.core.money import SECONDS_PER_HOUR, format_credits
-from gpulease.server.db import utcnow
-from gpulease.server.orm import (
-    Instance,
-    LedgerAccount,
-    LedgerEntry,
-    LedgerTransaction,
-    Team,
-    UsageSegment,
-    User,
-)
-from gpulease.server.schemas import (
+from gpulease.schemas.statements import (
     DayUsage,
     GpuModelUsage,
     InstanceUsage,
@@ -51,6 +41,16 @@ from gpulease.server.schemas import (
     StatementLine,
     StatementPublic,
     UsageTotals,
+)
+from gpulease.server.db import utcnow
+from gpulease.server.orm import (
+    Instance,
+    LedgerAccount,
+    LedgerEntry,
+    LedgerTransaction,
+    Team,
+    UsageSegment,
+    User,
 )
 from gpulease.server.services import ledger
 

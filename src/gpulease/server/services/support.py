@@ -7,13 +7,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import InvalidInput, NotFound
+from gpulease.schemas.support import SupportMessagePublic, SupportTicketDetail, SupportTicketPublic
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, LogChunk, Run, SupportMessage, SupportTicket, User
-from gpulease.server.schemas import (
-    SupportMessagePublic,
-    SupportTicketDetail,
-    SupportTicketPublic,
-)
 from gpulease.server.services import notifications
 from gpulease.server.services.instances.lifecycle import get_instance
 

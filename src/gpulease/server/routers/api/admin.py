@@ -6,9 +6,10 @@ from fastapi import APIRouter, Request
 
 from gpulease.core.errors import InvalidInput
 from gpulease.core.money import MoneyError, parse_credits
+from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.ledger import GrantCreate, LedgerLine
 from gpulease.server.routers.api.presenters import ledger_line
 from gpulease.server.routers.deps import current_admin, runtime, tx
-from gpulease.server.schemas import GrantCreate, LedgerLine, UserPublic
 from gpulease.server.services import grants, users
 
 router = APIRouter(prefix="/admin", tags=["admin"])

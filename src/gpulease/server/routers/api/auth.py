@@ -5,8 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from gpulease.core.errors import Forbidden
-from gpulease.server.routers.deps import current_user, runtime, tx
-from gpulease.server.schemas import (
+from gpulease.schemas.accounts import (
     AuthResult,
     LoginRequest,
     RegisterRequest,
@@ -15,6 +14,7 @@ from gpulease.server.schemas import (
     TokenPublic,
     UserPublic,
 )
+from gpulease.server.routers.deps import current_user, runtime, tx
 from gpulease.server.services import tokens, users
 
 router = APIRouter(tags=["accounts"])

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from gpulease.server.db import utcnow
-from gpulease.server.routers.api.presenters import instance_public
-from gpulease.server.routers.deps import current_user, runtime, tx
-from gpulease.server.schemas import (
+from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.autostop import (
     AutostopPublic,
     AutostopUpdate,
-    InstancePublic,
-    ResizeRequest,
     ScheduleCreate,
     SchedulePublic,
     TimezoneUpdate,
-    UserPublic,
 )
+from gpulease.schemas.instances import InstancePublic, ResizeRequest
+from gpulease.server.db import utcnow
+from gpulease.server.routers.api.presenters import instance_public
+from gpulease.server.routers.deps import current_user, runtime, tx
 from gpulease.server.services.instances import autostop, lifecycle, resize, schedules
 
 router = APIRouter(tags=["autostop"])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from gpulease.schemas.ledger import Balance, Usage, UsageSegmentPublic
+from gpulease.schemas.notifications import NotificationPublic
 from gpulease.server.routers.api.presenters import balance_public, ledger_line
 from gpulease.server.routers.deps import current_user, runtime, tx
-from gpulease.server.schemas import Balance, NotificationPublic, Usage, UsageSegmentPublic
 from gpulease.server.services import ledger, metering, notifications
 from gpulease.server.services.billing import teams
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from gpulease.core.money import format_credits, ncu
+from gpulease.schemas.catalog import GpuModelPublic, NodePublic
 from gpulease.server.routers.deps import current_admin, current_user, runtime, tx
-from gpulease.server.schemas import GpuModelPublic, NodePublic
 from gpulease.server.services import nodes
 
 router = APIRouter(tags=["catalog"])

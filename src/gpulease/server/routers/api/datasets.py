@@ -15,9 +15,7 @@ from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from gpulease.core.errors import InvalidInput
-from gpulease.server.orm import Dataset, Instance, User
-from gpulease.server.routers.deps import current_user, runner_token, runtime, tx
-from gpulease.server.schemas import (
+from gpulease.schemas.datasets import (
     DatasetChunksReceived,
     DatasetCommit,
     DatasetDetail,
@@ -29,11 +27,11 @@ from gpulease.server.schemas import (
     DatasetUploadCreate,
     DatasetUploadPublic,
     DatasetVersionPublic,
-    RunnerChunkRequest,
-    RunnerDatasetMount,
-    RunnerDatasets,
     StorageUsage,
 )
+from gpulease.schemas.runner import RunnerChunkRequest, RunnerDatasetMount, RunnerDatasets
+from gpulease.server.orm import Dataset, Instance, User
+from gpulease.server.routers.deps import current_user, runner_token, runtime, tx
 from gpulease.server.services import runners
 from gpulease.server.services.datasets import commits, library, mounts, quota, uploads
 from gpulease.server.services.datasets.vault import Vault

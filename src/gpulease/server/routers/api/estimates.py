@@ -9,8 +9,8 @@ from fastapi import APIRouter, Query, Request
 from gpulease.core import estimates
 from gpulease.core.catalog import Catalog
 from gpulease.core.money import format_credits
+from gpulease.schemas.estimates import EstimatePublic, EstimateRowPublic
 from gpulease.server.routers.deps import current_user, runtime, tx
-from gpulease.server.schemas import EstimatePublic, EstimateRowPublic
 
 router = APIRouter(tags=["estimates"])
 

@@ -7,17 +7,12 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gpulease.core.errors import InvalidInput
+from gpulease.schemas.instances import InstanceCreate, InstancePublic, InstanceStart
+from gpulease.schemas.runs import RunCreate, RunPublic
 from gpulease.server.orm import Instance
 from gpulease.server.routers.api import autostop as autostop_api
 from gpulease.server.routers.api.presenters import instance_public
 from gpulease.server.routers.deps import current_user, runtime, tx
-from gpulease.server.schemas import (
-    InstanceCreate,
-    InstancePublic,
-    InstanceStart,
-    RunCreate,
-    RunPublic,
-)
 from gpulease.server.services import runs
 from gpulease.server.services.datasets import mounts
 from gpulease.server.services.instances import autostop, lifecycle

@@ -17,17 +17,10 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from gpulease.core.errors import InvalidInput
+from gpulease.schemas.metrics import GpuHeatmap, InstanceGpus, RunMetrics, RunsCompared
+from gpulease.schemas.runner import RunnerGpuSamples, RunnerMetrics
+from gpulease.schemas.runs import LogChunkPublic, RunPublic
 from gpulease.server.routers.deps import current_admin, current_user, runner_token, tx
-from gpulease.server.schemas import (
-    GpuHeatmap,
-    InstanceGpus,
-    LogChunkPublic,
-    RunMetrics,
-    RunnerGpuSamples,
-    RunnerMetrics,
-    RunPublic,
-    RunsCompared,
-)
 from gpulease.server.services import metrics, runners, runs
 from gpulease.server.services.instances import lifecycle
 from gpulease.server.services.metrics.points import check_max_points, parse_keys

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from gpulease.server.routers.deps import current_user, runtime, tx
-from gpulease.server.schemas import (
+from gpulease.schemas.notifications import (
     NotificationChannelsPublic,
     NotificationChannelsUpdate,
     NotificationPublic,
 )
+from gpulease.server.routers.deps import current_user, runtime, tx
 from gpulease.server.services import notification_channels, notifications
 
 router = APIRouter(tags=["notifications"])

@@ -15,13 +15,8 @@ from gpulease.core.pricing import (
     parse_clock,
     parse_weekdays,
 )
-from gpulease.server.db import utcnow
-from gpulease.server.orm import Voucher
-from gpulease.server.routers.api.presenters import balance_public
-from gpulease.server.routers.deps import credits, current_admin, current_user, runtime, tx
-from gpulease.server.schemas import (
+from gpulease.schemas.billing import (
     AdminLimitsUpdate,
-    Balance,
     LimitsPublic,
     LimitsUpdate,
     OffPeakCreate,
@@ -31,6 +26,11 @@ from gpulease.server.schemas import (
     VoucherPublic,
     VoucherRedeem,
 )
+from gpulease.schemas.ledger import Balance
+from gpulease.server.db import utcnow
+from gpulease.server.orm import Voucher
+from gpulease.server.routers.api.presenters import balance_public
+from gpulease.server.routers.deps import credits, current_admin, current_user, runtime, tx
 from gpulease.server.services import ledger, users
 from gpulease.server.services.billing import limits, offpeak, plans, vouchers
 

@@ -7,8 +7,9 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog
 from gpulease.core.money import format_credits, ncu
+from gpulease.schemas.instances import InstancePublic
+from gpulease.schemas.ledger import Balance, LedgerLine
 from gpulease.server.orm import Instance, InstanceDataset, LedgerTransaction
-from gpulease.server.schemas import Balance, InstancePublic, LedgerLine
 
 
 def instance_public(

@@ -8,8 +8,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from gpulease.server.routers.deps import runner_token, tx
-from gpulease.server.schemas import (
+from gpulease.schemas.runner import (
     RunnerAction,
     RunnerCommands,
     RunnerExit,
@@ -21,6 +20,7 @@ from gpulease.server.schemas import (
     RunnerStarted,
     RunnerStatus,
 )
+from gpulease.server.routers.deps import runner_token, tx
 from gpulease.server.services import runners, runs, templates
 from gpulease.server.services.streams import hub_of
 

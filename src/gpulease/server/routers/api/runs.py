@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from gpulease.schemas.runs import LogChunkPublic, LogPage, RunPublic
 from gpulease.server.routers.deps import current_user, tx
-from gpulease.server.schemas import LogChunkPublic, LogPage, RunPublic
 from gpulease.server.services import runs
 
 router = APIRouter(tags=["runs"])

@@ -7,8 +7,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
+from gpulease.schemas.statements import RevenuePublic, StatementPublic
 from gpulease.server.routers.deps import current_admin, current_user, runtime, tx
-from gpulease.server.schemas import RevenuePublic, StatementPublic
 from gpulease.server.services import statements
 
 router = APIRouter(tags=["statements"])

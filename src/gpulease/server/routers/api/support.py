@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from gpulease.server.routers.deps import current_user, tx
-from gpulease.server.schemas import (
+from gpulease.schemas.support import (
     SupportReply,
     SupportTicketCreate,
     SupportTicketDetail,
     SupportTicketPublic,
 )
+from gpulease.server.routers.deps import current_user, tx
 from gpulease.server.services import support
 
 router = APIRouter(tags=["support"])

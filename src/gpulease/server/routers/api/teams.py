@@ -6,10 +6,10 @@ from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
 from gpulease.core.money import format_credits
+from gpulease.schemas.billing import TeamCreate, TeamMemberPublic, TeamMemberUpdate, TeamPublic
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Team, User
 from gpulease.server.routers.deps import credits, current_user, runtime, tx
-from gpulease.server.schemas import TeamCreate, TeamMemberPublic, TeamMemberUpdate, TeamPublic
 from gpulease.server.services import ledger
 from gpulease.server.services.billing import limits, teams
 

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
+from gpulease.schemas.catalog import TemplateAvailabilityPublic, TemplatePublic, TemplateSave
+from gpulease.schemas.runner import RunnerTaskResult
 from gpulease.server.routers.deps import current_user, runner_token, runtime, tx
-from gpulease.server.schemas import (
-    RunnerTaskResult,
-    TemplateAvailabilityPublic,
-    TemplatePublic,
-    TemplateSave,
-)
 from gpulease.server.services import runners, templates
 from gpulease.server.services.instances import lifecycle
 

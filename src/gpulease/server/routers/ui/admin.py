@@ -20,13 +20,14 @@ from sqlalchemy.orm import Session
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_credits, ncu
 from gpulease.core.pricing import FULL_BP, WEEKDAYS, OffPeakWindow, parse_clock, parse_weekdays
+from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.statements import RevenueTotals
 from gpulease.server.db import utcnow
 from gpulease.server.orm import User
 from gpulease.server.routers.deps import credits, runtime, same_origin, tx
 from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
-from gpulease.server.schemas import RevenueTotals, UserPublic
 from gpulease.server.services import grants, metrics, operator_views, statements, users
 from gpulease.server.services.billing import limits, offpeak, plans, vouchers
 

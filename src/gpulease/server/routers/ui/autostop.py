@@ -17,13 +17,14 @@ from sqlalchemy.orm import Session, object_session
 
 from gpulease.core.catalog import parse_accelerators
 from gpulease.core.errors import GpuleaseError, InvalidInput
+from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.autostop import AutostopPublic, SchedulePublic
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, User
 from gpulease.server.routers.deps import runtime, same_origin, tx
 from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render, templates
-from gpulease.server.schemas import AutostopPublic, SchedulePublic, UserPublic
 from gpulease.server.services.instances import autostop, lifecycle, resize, schedules
 from gpulease.server.services.instances.resize import RESIZABLE
 

@@ -15,6 +15,9 @@ from gpulease.core.catalog import Catalog
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_credits, ncu
 from gpulease.core.pricing import WEEKDAYS
+from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.ledger import LedgerLine
+from gpulease.schemas.statements import RevenueDay, RevenuePublic, StatementPublic
 from gpulease.server.db import utcnow
 from gpulease.server.orm import User
 from gpulease.server.routers.api.presenters import ledger_line
@@ -22,13 +25,6 @@ from gpulease.server.routers.deps import credits, runtime, same_origin, tx
 from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
-from gpulease.server.schemas import (
-    LedgerLine,
-    RevenueDay,
-    RevenuePublic,
-    StatementPublic,
-    UserPublic,
-)
 from gpulease.server.services import ledger, statements
 from gpulease.server.services.billing import limits, offpeak
 

@@ -10,11 +10,11 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog
 from gpulease.core.money import format_credits
+from gpulease.schemas.accounts import UserPublic
 from gpulease.server.orm import User
 from gpulease.server.routers.deps import runtime, tx
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
-from gpulease.server.schemas import UserPublic
 from gpulease.server.services import nodes, templates
 from gpulease.server.services.billing import offpeak
 from gpulease.server.services.templates import TemplateView

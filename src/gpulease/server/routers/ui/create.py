@@ -13,13 +13,13 @@ from gpulease.core import estimates
 from gpulease.core.catalog import CPU_MODEL, Catalog
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_credits
+from gpulease.schemas.accounts import UserPublic
 from gpulease.server.orm import User
 from gpulease.server.routers.deps import runtime, same_origin, tx
 from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.catalog import template_fits, usable_templates
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
-from gpulease.server.schemas import UserPublic
 from gpulease.server.services import nodes
 from gpulease.server.services.billing import offpeak, plans, teams
 from gpulease.server.services.datasets import library, mounts

@@ -13,12 +13,15 @@ from sqlalchemy.orm import Session
 from gpulease.core.catalog import Catalog
 from gpulease.core.errors import NotFound
 from gpulease.core.money import format_credits, ncu
+from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.instances import InstancePublic
+from gpulease.schemas.notifications import NotificationPublic
+from gpulease.schemas.runs import RunPublic
 from gpulease.server.orm import User
 from gpulease.server.routers.api.presenters import instance_public
 from gpulease.server.routers.deps import SESSION_COOKIE, runtime, tx
 from gpulease.server.routers.ui.guards import clear_session_cookie, login_url, viewer
 from gpulease.server.routers.ui.templating import render, span
-from gpulease.server.schemas import InstancePublic, NotificationPublic, RunPublic, UserPublic
 from gpulease.server.services import console, ledger, notifications, runs
 from gpulease.server.services.instances import lifecycle
 from gpulease.server.services.instances.states import QUEUED, RUNNING

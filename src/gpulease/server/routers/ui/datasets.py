@@ -12,12 +12,13 @@ from starlette.exceptions import HTTPException
 
 from gpulease.core.datasets import format_bytes
 from gpulease.core.errors import GpuleaseError, InvalidInput
+from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.datasets import DatasetPublic
 from gpulease.server.orm import User
 from gpulease.server.routers.deps import runtime, same_origin, tx
 from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
-from gpulease.server.schemas import DatasetPublic, UserPublic
 from gpulease.server.services.datasets import console_push, library, quota
 
 router = APIRouter()

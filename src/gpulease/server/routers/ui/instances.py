@@ -12,13 +12,15 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog
 from gpulease.core.errors import GpuleaseError, NotFound
+from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.instances import InstancePublic
+from gpulease.schemas.runs import RunPublic
 from gpulease.server.orm import Instance, User
 from gpulease.server.routers.api.presenters import instance_public
 from gpulease.server.routers.deps import runtime, same_origin, tx
 from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
-from gpulease.server.schemas import InstancePublic, RunPublic, UserPublic
 from gpulease.server.services import runs
 from gpulease.server.services.instances import lifecycle
 from gpulease.server.services.instances.states import (

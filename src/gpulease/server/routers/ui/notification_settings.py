@@ -9,12 +9,13 @@ from fastapi import APIRouter, Form, Request, Response
 from fastapi.responses import RedirectResponse
 
 from gpulease.core.errors import GpuleaseError
+from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.notifications import NotificationChannelsUpdate
 from gpulease.server.orm import User
 from gpulease.server.routers.deps import runtime, same_origin, tx
 from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
-from gpulease.server.schemas import NotificationChannelsUpdate, UserPublic
 from gpulease.server.services import notification_channels, notifications
 
 router = APIRouter()

@@ -11,11 +11,12 @@ from fastapi.responses import RedirectResponse
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import InvalidInput, NotFound
+from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.runs import RunPublic
 from gpulease.server.orm import User
 from gpulease.server.routers.deps import tx
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
-from gpulease.server.schemas import RunPublic, UserPublic
 from gpulease.server.services import console, runs
 
 router = APIRouter()

@@ -11,12 +11,13 @@ from fastapi.responses import RedirectResponse
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import GpuleaseError, NotFound
+from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.support import SupportTicketDetail
 from gpulease.server.orm import Run, User
 from gpulease.server.routers.deps import same_origin, tx
 from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
-from gpulease.server.schemas import SupportTicketDetail, UserPublic
 from gpulease.server.services import runs, support
 from gpulease.server.services.instances.lifecycle import get_instance
 

@@ -14,8 +14,8 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from gpulease.schemas.accounts import UserPublic
 from gpulease.server.db import utcnow
-from gpulease.server.schemas import UserPublic
 
 SERVER_DIR = Path(__file__).parents[2]
 TEMPLATES_DIR = SERVER_DIR / "templates"

@@ -16,13 +16,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
 from gpulease.core.errors import NotFound
+from gpulease.schemas.accounts import UserPublic
 from gpulease.server.db import transaction
 from gpulease.server.routers.api.runner_streams import close_quietly, refuse, until_first_ends
 from gpulease.server.routers.deps import SESSION_COOKIE, tx
 from gpulease.server.routers.ui.guards import login_url, viewer
 from gpulease.server.routers.ui.templating import render
 from gpulease.server.runtime import Runtime
-from gpulease.server.schemas import UserPublic
 from gpulease.server.services.instances import lifecycle
 from gpulease.server.services.instances.states import RUNNING
 from gpulease.server.services.streams import (

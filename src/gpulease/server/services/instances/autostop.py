@@ -21,8 +21,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import Conflict, InvalidInput, NotFound
+from gpulease.schemas.autostop import AutostopPublic
 from gpulease.server.orm import GpuSample, Instance, Run
-from gpulease.server.schemas import AutostopPublic
 
 DEFAULT_IDLE_UTIL_PCT = 5.0
 MIN_IDLE_MINUTES = 5

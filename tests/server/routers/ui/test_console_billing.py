@@ -10,10 +10,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from factories import Caller, RunnerDouble
+from gpulease.schemas.statements import RevenueDay
 from gpulease.server.db import transaction
 from gpulease.server.routers.ui.billing import revenue_chart
 from gpulease.server.runtime import Runtime
-from gpulease.server.schemas import RevenueDay
 from gpulease.server.services import metering
 
 BrowserFactory = Callable[[], TestClient]

@@ -1,0 +1,101 @@
+"""Wire models for datasets, their versions and chunked uploads."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from gpulease.schemas.base import Model
+
+
+class DatasetPublic(Model):
+    id: int
+    name: str
+    current_version: int | None
+    file_count: int
+    size_bytes: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class DatasetVersionPublic(Model):
+    number: int
+    file_count: int
+    size_bytes: int
+    chunk_count: int
+    created_at: datetime
+
+
+class DatasetUploadPublic(Model):
+    id: int
+    dataset_id: int
+    state: str
+    state_reason: str
+    declared_files: int
+    declared_bytes: int
+    parts: int
+    files_listed: int
+    chunks_received: int
+    bytes_received: int
+    """What the server received through this push: a resumed push sends only the rest."""
+    version: int | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class DatasetDetail(BaseModel):
+    dataset: DatasetPublic
+    versions: list[DatasetVersionPublic]
+    pushes: list[DatasetUploadPublic]
+    mounted_by: list[str]
+
+
+class StorageUsage(BaseModel):
+    used_bytes: int
+    quota_bytes: int
+
+
+class DatasetList(BaseModel):
+    datasets: list[DatasetPublic]
+    usage: StorageUsage
+
+
+class DatasetUploadCreate(BaseModel):
+    name: str = Field(max_length=1000)  # the service says what a valid name is
+    files: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+
+
+class DatasetFileEntry(BaseModel):
+    path: str = Field(max_length=4096)
+    size: int = Field(ge=0)
+    chunks: list[str] = Field(max_length=1_000_000)
+    """SHA-256 (hex) of each 4 MiB chunk, in order; none for an empty file."""
+
+
+class DatasetFilesPart(BaseModel):
+    files: list[DatasetFileEntry] = Field(max_length=10_000)
+
+
+class DatasetMissingChunks(BaseModel):
+    missing: list[str]
+    missing_bytes: int
+
+
+class DatasetChunksReceived(BaseModel):
+    chunks: int
+    bytes: int
+    new_chunks: int
+
+
+class DatasetCommit(BaseModel):
+    parts: int = Field(ge=0)
+    files: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+
+
+class DatasetRemoved(BaseModel):
+    name: str
+    freed_chunks: int
+    freed_bytes: int

@@ -1,0 +1,65 @@
+"""Wire models for instances: create, show, resize, start."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+
+class InstanceCreate(BaseModel):
+    gpu: str | None = Field(default=None, max_length=80, description="MODEL:COUNT; none = CPU only")
+    template: str = Field(default="pytorch", max_length=64)
+    name: str | None = Field(default=None, max_length=64)
+    auto_release: bool = False
+    # A workdir upload follows: keep the instance queued until it has arrived.
+    awaiting_workdir: bool = False
+    plan: str = Field(default="on_demand", max_length=16, description="on_demand, daily, spot")
+    team: str | None = Field(default=None, max_length=64, description="charge a team's wallet")
+    start_when_cheap: bool = False
+    auto_renew: bool = False
+    # Datasets mounted read-only at /data/NAME, each at its version when the instance is made.
+    datasets: list[str] = Field(default_factory=list, max_length=32)
+    # Automatic stop (see AutostopUpdate); None: off (or the operator's idle ceiling).
+    idle_util_pct: float | None = None
+    idle_minutes: int | None = None
+    max_runtime_minutes: int | None = None
+
+
+class InstancePublic(BaseModel):
+    id: int
+    name: str
+    status: str
+    desired_state: str
+    status_reason: str
+    status_message: str
+    gpu_model: str
+    gpu_count: int
+    gpu_indices: list[int]
+    simulated: bool
+    template: str
+    node: str | None
+    hourly_micro: int
+    hourly: str
+    queue_position: int | None
+    created_at: datetime
+    started_at: datetime | None
+    plan: str = "on_demand"
+    team: str | None = None
+    start_when_cheap: bool = False
+    auto_renew: bool = False
+    reserved_until: datetime | None = None
+    datasets: dict[str, int] = Field(default_factory=dict)
+    """Mounted datasets: name -> version."""
+
+
+class ResizeRequest(BaseModel):
+    gpu_model: str | None = Field(default=None, max_length=64, description="e.g. T4; CPU = none")
+    gpu_count: int | None = Field(default=None, description="default 1")
+    no_gpu: bool = False
+
+
+class InstanceStart(BaseModel):
+    # Start CPU only (the catalog's CPU price) for setup and data work; a later plain start
+    # brings the instance's GPUs back.
+    no_gpu: bool = False

@@ -1,0 +1,40 @@
+"""Wire models for runs and their log chunks."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from gpulease.schemas.base import Model
+
+
+class RunCreate(BaseModel):
+    command: str
+    env: dict[str, str] = Field(default_factory=dict)
+    stop_instance_on_exit: bool = False
+
+
+class RunPublic(Model):
+    id: int
+    instance_id: int
+    command: str
+    status: str
+    status_reason: str
+    exit_code: int | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class LogChunkPublic(Model):
+    seq: int
+    stream: str
+    data: str
+    time: datetime
+
+
+class LogPage(BaseModel):
+    run: RunPublic
+    chunks: list[LogChunkPublic]
+    next_after: int
