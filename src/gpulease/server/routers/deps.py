@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Annotated
 from urllib.parse import urlsplit
 
-from fastapi import Request
+from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 from starlette.requests import HTTPConnection
 
@@ -100,3 +101,23 @@ def credits(text: str | None, what: str) -> int | None:
     if value < 0:
         raise InvalidInput(f"{what} cannot be negative")
     return value
+
+
+def _session(request: Request) -> Iterator[Session]:
+    with tx(request) as session:
+        yield session
+
+
+def _user(session: SessionDep, request: Request) -> User:
+    return current_user(session, request)
+
+
+def _admin(session: SessionDep, request: Request) -> User:
+    return current_admin(session, request)
+
+
+# One transaction per request: it commits when the route returns, before the response is
+# sent (scope="function"), and rolls back when the route raises.
+SessionDep = Annotated[Session, Depends(_session, scope="function")]
+CurrentUser = Annotated[User, Depends(_user, scope="function")]
+AdminUser = Annotated[User, Depends(_admin, scope="function")]
