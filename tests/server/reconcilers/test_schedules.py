@@ -13,8 +13,8 @@ from gpulease.backends.fake import FakeBackend
 from gpulease.server.app import create_app
 from gpulease.server.db import transaction
 from gpulease.server.orm import Instance, InstanceSchedule
+from gpulease.server.reconcilers import launcher, scheduler
 from gpulease.server.reconcilers import schedules as schedule_fires
-from gpulease.server.reconcilers.loop import run_once
 from gpulease.server.runtime import Runtime, build_runtime
 from gpulease.server.services.instances import schedules
 from gpulease.server.services.instances.schedules import next_fire
@@ -80,6 +80,24 @@ def parse(text: object) -> datetime:
     return datetime.fromisoformat(str(text))
 
 
+def add_at(rt: Runtime, instance_id: int, action: str, cron: str, now: datetime) -> int:
+    """Add a schedule as the API does, on a fixed clock: its first fire is next_fire(now)."""
+    with transaction(rt.sessions) as session:
+        instance = session.get(Instance, instance_id)
+        assert instance is not None
+        schedule = schedules.add_schedule(
+            session, instance.owner, instance, action=action, cron=cron, timezone=None, now=now
+        )
+        return schedule.id
+
+
+def fires_at(rt: Runtime, schedule_id: int) -> datetime:
+    with transaction(rt.sessions) as session:
+        schedule = session.get(InstanceSchedule, schedule_id)
+        assert schedule is not None
+        return schedule.next_fire_at
+
+
 def test_schedules_fire_at_local_times_in_the_users_zone(
     ann: Caller, rt: Runtime, tick: Tick, runner_for: RunnerFor
 ) -> None:
@@ -88,11 +106,15 @@ def test_schedules_fire_at_local_times_in_the_users_zone(
     i = create(ann)
     tick()
     runner_for(i).ready()
-    stop = add(ann, i, "stop", "0 19 * * 1-5")
-    start = add(ann, i, "start", "0 9 * * 1-5")
-    assert stop["timezone"] == "America/New_York"
-    stop_at, start_at = parse(stop["next_fire_at"]), parse(start["next_fire_at"])
-    # 19:00 and 09:00 in New York, whatever today's offset
+    # a Monday, noon in New York (EST, UTC-5): the stop comes tonight, the start tomorrow
+    monday_noon = utc(2026, 11, 30, 17)
+    stop = add_at(rt, i, "stop", "0 19 * * 1-5", monday_noon)
+    start = add_at(rt, i, "start", "0 9 * * 1-5", monday_noon)
+    listed = {s["id"]: s for s in ann.get(f"/api/v1/instances/{i}/schedules").json()}
+    assert listed[stop]["timezone"] == "America/New_York"
+    stop_at, start_at = parse(listed[stop]["next_fire_at"]), parse(listed[start]["next_fire_at"])
+    # 19:00 and 09:00 in New York
+    assert stop_at == utc(2026, 12, 1, 0) and start_at == utc(2026, 12, 1, 14)
     assert stop_at.astimezone(_ny()).hour == 19 and start_at.astimezone(_ny()).hour == 9
 
     assert schedule_fires.tick(rt, now=stop_at - timedelta(seconds=1)) == 0
@@ -101,13 +123,15 @@ def test_schedules_fire_at_local_times_in_the_users_zone(
     assert status(rt, i) == "stopping"
     runner_for(i).stopped()
     assert schedule_fires.tick(rt, now=stop_at) == 0  # applied once
-    listed = ann.get(f"/api/v1/instances/{i}/schedules").json()
-    again = next(s for s in listed if s["id"] == stop["id"])
+    listed = {s["id"]: s for s in ann.get(f"/api/v1/instances/{i}/schedules").json()}
+    again = listed[stop]
     assert parse(again["last_fired_at"]) == stop_at and parse(again["next_fire_at"]) > stop_at
 
     assert schedule_fires.tick(rt, now=start_at) == 1
     assert status(rt, i) == "queued"
-    tick()  # the scheduler places it
+    # the scheduler places it (its step alone: the whole loop would also fire the schedules
+    # against the real clock, for which these fixed times are long past)
+    scheduler.tick(rt)
     assert status(rt, i) == "starting"
 
 
@@ -210,9 +234,11 @@ def test_schedules_survive_a_server_restart_without_losing_or_doubling_a_fire(
         ann.put("/api/v1/me/timezone", json={"timezone": "Europe/Berlin"})
         i = create(ann)
         ann.post(f"/api/v1/instances/{i}/stop")
-        start = add(ann, i, "start", "0 9 * * *")
+        # a June noon in Berlin: the next 09:00 is tomorrow's, and the one after a day later
+        start = add_at(first, i, "start", "0 9 * * *", utc(2026, 6, 10, 10))
+        due = fires_at(first, start)
     first.engine.dispose()
-    due = parse(start["next_fire_at"])
+    assert due == utc(2026, 6, 11, 7)
 
     backend = FakeBackend()
     second = build_runtime(settings, backend)
@@ -222,7 +248,10 @@ def test_schedules_survive_a_server_restart_without_losing_or_doubling_a_fire(
         assert schedule_fires.tick(second, now=late) == 1
         assert schedule_fires.tick(second, now=late) == 0
         assert status(second, i) == "queued"
-        run_once(second)
+        # placement and launch alone: the whole loop would fire the schedule again against
+        # the real clock, for which these fixed times are long past
+        scheduler.tick(second)
+        launcher.tick(second)
         assert status(second, i) == "starting" and backend.handle_for(i) is not None
         with transaction(second.sessions) as session:
             row = session.scalars(select(InstanceSchedule)).one()
