@@ -12,7 +12,10 @@ from gpulease.core.errors import InvalidInput
 from gpulease.core.pricing import (
     OffPeakWindow,
     check_no_overlap,
+    format_discount,
     parse_clock,
+    parse_discount_bp,
+    parse_discount_pct,
     parse_weekdays,
     price_seconds,
 )
@@ -116,3 +119,32 @@ def test_price_never_decreases_so_ticks_sum_exactly(
         assert due >= charged
         charged = due
     assert charged == price_seconds(start, max(cuts), 2_200_000, [window])
+
+
+@pytest.mark.parametrize(
+    ("text", "bp"),
+    [("40", 4000), ("40%", 4000), (" 12.5 % ", 1250), ("100", 10_000), ("0.01", 1)],
+)
+def test_a_discount_is_read_as_basis_points(text: str, bp: int) -> None:
+    assert parse_discount_bp(text) == bp
+
+
+@pytest.mark.parametrize(
+    "text", ["nan", "NaN", "inf", "-inf", "Infinity", "", "forty", "-5", "0", "100.5", "1e9"]
+)
+def test_a_discount_outside_0_to_100_is_refused_with_what_is_allowed(text: str) -> None:
+    with pytest.raises(InvalidInput, match="at most 100"):
+        parse_discount_pct(text)
+
+
+def test_a_discount_below_one_basis_point_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="0.01"):
+        parse_discount_bp("0.001")
+
+
+@pytest.mark.parametrize(
+    ("bp", "text"), [(4000, "40"), (1250, "12.5"), (1, "0.01"), (10_000, "100")]
+)
+def test_a_discount_is_formatted_as_people_type_it(bp: int, text: str) -> None:
+    assert format_discount(bp) == text
+    assert parse_discount_bp(text) == bp

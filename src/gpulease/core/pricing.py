@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpulease.core.errors import InvalidInput
@@ -94,6 +95,45 @@ def parse_clock(text: str) -> int:
     if not (0 <= int(hours) <= 24 and 0 <= int(minutes) < 60) or value > MINUTES_PER_DAY:
         raise InvalidInput(f"{text!r} is not a time of day; write it like 08:00")
     return value % MINUTES_PER_DAY
+
+
+def parse_discount_pct(text: str) -> Decimal:
+    """An operator-typed discount: '40', '40%', '12.5 %' -> Decimal('12.5').
+
+    Refuses anything but a finite number more than 0 and at most 100 (no nan, inf or
+    negative values), with a message saying what is allowed.
+    """
+    cleaned = text.strip().rstrip("%").strip()
+    try:
+        percent = Decimal(cleaned)
+    except InvalidOperation:
+        percent = Decimal("NaN")
+    if not percent.is_finite():
+        raise InvalidInput(
+            f"discount {text!r} is not a number; write a percentage above 0 and at most 100, "
+            "like 40 or 12.5"
+        )
+    if not 0 < percent <= 100:
+        raise InvalidInput(
+            f"discount {text!r} is out of range; a discount is above 0 % and at most 100 %"
+        )
+    return percent
+
+
+def parse_discount_bp(text: str) -> int:
+    """An operator-typed discount in basis points ('12.5 %' -> 1250); see parse_discount_pct.
+    Finer than a basis point rounds to the nearest one (half to even); a discount that
+    rounds to 0 is refused."""
+    basis_points = int((parse_discount_pct(text) * FULL_BP / 100).to_integral_value())
+    if basis_points <= 0:
+        raise InvalidInput(f"discount {text!r} is below 0.01 %; write at least 0.01")
+    return basis_points
+
+
+def format_discount(discount_bp: int) -> str:
+    """Basis points as the percentage people type: 4000 -> '40', 1250 -> '12.5'."""
+    whole, rest = divmod(discount_bp, 100)
+    return f"{whole}.{rest:02d}".rstrip("0").rstrip(".") if rest else str(whole)
 
 
 def parse_weekdays(text: str) -> frozenset[int]:

@@ -53,18 +53,32 @@ def runner_token(request: Request) -> str:
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 
 
-def same_origin(request: Request) -> bool:
-    """False when the Origin (or, lacking it, the Referer) names another host than this one.
-
-    A form post without either header is let through: browsers send Origin on every
-    cross-site POST, and the SameSite=Lax cookie is not sent on one anyway. `Origin: null`
+def same_origin(connection: HTTPConnection, *, require_header: bool = False) -> bool:
+    """The one origin check (CSRF) for HTTP requests and WebSockets alike: False when the
+    Origin (or, lacking it, the Referer) names another host than this one. `Origin: null`
     (sandboxed frames, some redirects) counts as another host.
+
+    With neither header the answer is `not require_header`: every browser sends Origin on a
+    POST and on a WebSocket handshake, so a cookie-authenticated state change without one is
+    refused by `require_same_origin`; a caller with a bearer token is not a browser and is
+    not asked.
     """
-    source = request.headers.get("origin") or request.headers.get("referer")
+    source = connection.headers.get("origin") or connection.headers.get("referer")
     if source is None:
-        return True
+        return not require_header
     netloc = urlsplit(source).netloc.lower()
-    return bool(netloc) and netloc == request.headers.get("host", "").lower()
+    return bool(netloc) and netloc == connection.headers.get("host", "").lower()
+
+
+def require_same_origin(connection: HTTPConnection) -> None:
+    """403 unless the Origin or Referer names this server (one of them must be present)."""
+    if connection.headers.get("origin") is None and connection.headers.get("referer") is None:
+        raise Forbidden(
+            "this request carries the console's cookie but neither an Origin nor a Referer "
+            "header; send it from the console, or use 'Authorization: Bearer TOKEN'"
+        )
+    if not same_origin(connection, require_header=True):
+        raise Forbidden("this request was sent from another site; use the console itself")
 
 
 def current_user(session: Session, request: Request) -> User:
@@ -73,8 +87,8 @@ def current_user(session: Session, request: Request) -> User:
     secret = bearer(request)
     if secret is None:
         secret = request.cookies.get(SESSION_COOKIE)
-        if secret and request.method not in SAFE_METHODS and not same_origin(request):
-            raise Forbidden("this request was sent from another site; use the console itself")
+        if secret and request.method not in SAFE_METHODS:
+            require_same_origin(request)
     if not secret:
         raise Unauthorized(
             "no token: log in with `gpulease login --server URL` "
