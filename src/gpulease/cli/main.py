@@ -52,17 +52,17 @@ app.command("whoami")(accounts.whoami)
 app.add_typer(accounts.token_app, name="token")
 
 app.command("gpus")(catalog.gpus)
-app.add_typer(catalog.templates_app, name="templates")  # issue 4: own templates
+app.add_typer(catalog.templates_app, name="templates")  # the catalog's and your own
 app.command("nodes")(catalog.nodes)
-app.command("doctor")(doctor_commands.doctor)  # issue 4: driver/CUDA/framework checks
+app.command("doctor")(doctor_commands.doctor)  # driver, CUDA and framework checks
 
-autostop_commands.register(instances.instance_app)  # issue 4: autostop, schedule, resize
+autostop_commands.register(instances.instance_app)  # instance autostop, schedule, resize
 app.add_typer(instances.instance_app, name="instance")
 app.command("exec")(runs.exec_)
 app.command("run")(runs.run)
 app.command("logs")(runs.logs)
 app.command("runs")(runs.runs)
-app.command("metrics")(metric_commands.metrics)  # issue 6
+app.command("metrics")(metric_commands.metrics)
 
 app.command("balance")(billing.balance)
 app.command("usage")(billing.usage)
@@ -84,6 +84,6 @@ app.command("estimate")(estimate_commands.estimate)
 app.command("statement")(statement_commands.statement)
 billing.admin_app.command("revenue")(statement_commands.revenue)
 
-app.add_typer(dataset_commands.dataset_app, name="dataset")  # issue 5: datasets
-app.add_typer(support_commands.ticket_app, name="ticket")  # issue 6: support tickets
+app.add_typer(dataset_commands.dataset_app, name="dataset")
+app.add_typer(support_commands.ticket_app, name="ticket")  # support tickets
 billing.admin_app.command("rotate-master-key")(dataset_commands.rotate_master_key)

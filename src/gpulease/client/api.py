@@ -382,7 +382,7 @@ class GpuleaseClient:
             return self._one(InstancePublic, "POST", path, body={"no_gpu": True})
         return self._one(InstancePublic, "POST", path)
 
-    # -- automatic stop and start, resize (issue 4) -------------------------------------
+    # -- automatic stop and start, resize ---------------------------------------------
 
     def autostop(self, ref: InstanceRef) -> AutostopPublic:
         return self._one(AutostopPublic, "GET", f"/instances/{_path_part(ref)}/autostop")
@@ -540,7 +540,7 @@ class GpuleaseClient:
         )
         yield from stream
 
-    # -- metrics (issue 6) ------------------------------------------------------------------
+    # -- metrics -------------------------------------------------------------------------
 
     def run_metrics(
         self, run_id: int, keys: Sequence[str] | None = None, *, max_points: int = 2000

@@ -100,25 +100,25 @@ def create_app(
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _validation_message(exc)}, status_code=422)
 
-    # issue 6: metrics first, so /runs/compare is not read as a run id
+    # metrics first, so /runs/compare is not read as a run id
     app.include_router(metrics_api.router, prefix="/api/v1")
     app.include_router(metrics_api.runner_router)
     for module in (auth, catalog, instances, runs, billing, admin):
         app.include_router(module.router, prefix="/api/v1")
-    # issue 3: estimates, statements, plans and caps, teams
+    # estimates, statements, plans and caps, teams
     for module in (estimates_api, statements_api, plans_api, teams_api):
         app.include_router(module.router, prefix="/api/v1")
-    app.include_router(datasets_api.router, prefix="/api/v1")  # issue 5: datasets
+    app.include_router(datasets_api.router, prefix="/api/v1")
     app.include_router(datasets_api.runner_router)
-    for module in (notification_settings_api, support_api):  # issue 6: notifications, support
+    for module in (notification_settings_api, support_api):
         app.include_router(module.router, prefix="/api/v1")
-    app.include_router(templates_api.router, prefix="/api/v1")  # issue 4: templates
+    app.include_router(templates_api.router, prefix="/api/v1")
     app.include_router(templates_api.runner_router)
     app.include_router(runner.router)
-    app.include_router(runner_streams.router)  # issue 4: terminal and Jupyter streams
+    app.include_router(runner_streams.router)  # the runner's terminal and Jupyter streams
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    prometheus.install(app)  # issue 6: GET /metrics, request latency middleware
+    prometheus.install(app)  # GET /metrics and the request latency middleware
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:

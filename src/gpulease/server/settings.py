@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     # stop); a balance may lag that much behind the meter.
     billing_step_s: int = 30
 
-    # Billing (issue 3). The operator's time zone places off-peak windows and statement days.
+    # Billing. The operator's time zone places off-peak windows and statement days.
     timezone: str = "UTC"
     # Override the pricing file's currency symbol and name.
     currency_symbol: str | None = None
@@ -64,17 +64,17 @@ class Settings(BaseSettings):
     # (unless they set their own threshold amount).
     low_balance_minutes: int = 60
     session_days: int = 14
-    # Prometheus (issue 6): when set, GET /metrics needs 'Authorization: Bearer TOKEN'.
+    # Prometheus: when set, GET /metrics needs 'Authorization: Bearer TOKEN'.
     metrics_token: SecretStr | None = None
 
-    # Automatic stop (issue 4): the longest idle time (minutes) a renter may allow before an
+    # Automatic stop: the longest idle time (minutes) a renter may allow before an
     # idle instance is stopped; instances without their own setting get it. None: no ceiling.
     idle_stop_max_minutes: int | None = Field(default=None, ge=1)
     # GPU samples (5 s per GPU: 17,280 rows a GPU a day) older than this are deleted. Metric
     # points of runs are never deleted: they are the user's results.
     gpu_sample_retention_days: int = Field(default=30, ge=1, le=3650)
 
-    # Datasets (issue 5): storage quota, the master key, the blob store, the node's cache.
+    # Datasets: storage quota, the master key, the blob store, the node's cache.
     # Each user may keep this many GB (10^9 bytes) of distinct dataset content.
     storage_quota_gb: float = Field(default=50.0, ge=0)
     # The key that wraps every dataset key; made (mode 0600) at the first start. Keep it out
@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     # Where runners materialise dataset versions on a node, shared by its instances.
     dataset_cache: Path | None = None
 
-    # Sandbox and transport security (issue 5: sandbox, HTTPS; backups read these too).
+    # Sandbox and transport security (bubblewrap, HTTPS; backups read these too).
     # Jobs run in a bubblewrap sandbox; a server without a usable bwrap refuses to start
     # unless this is set, and then jobs run UNSANDBOXED with the server's own rights (they
     # can read its database and keys): sign-up is forced off, for one trusted user only.
@@ -101,7 +101,7 @@ class Settings(BaseSettings):
     # fingerprint the CLI pins at the first login.
     tls_self_signed: bool = False
 
-    # Notifications by email (issue 6): sent only when SMTP_HOST is set. STARTTLS is used on
+    # Notifications by email: sent only when SMTP_HOST is set. STARTTLS is used on
     # any port but 465 (TLS from the start there) unless SMTP_STARTTLS=false.
     smtp_host: str | None = None
     smtp_port: int = 587

@@ -24,11 +24,11 @@ Step = Callable[[Runtime], object]
 def steps(rt: Runtime) -> list[tuple[Step, float]]:
     """Each step with the least time between two runs of it (0: every tick)."""
     return [
-        (schedule_fires.tick, 0),  # issue 4: scheduled starts queue before placement
+        (schedule_fires.tick, 0),  # first: a scheduled start queues in time for this placement
         (scheduler.tick, 0),
         (launcher.tick, 0),
         (health.tick, 0),
-        (idle.tick, 5),  # issue 4: idle stop and maximum runtime
+        (idle.tick, 5),  # idle stop and maximum runtime; every 5 s is soon enough
         (meter.tick, 0),
         (billing.tick, 5),
         (billing.storage_tick, rt.settings.storage_meter_interval_s),

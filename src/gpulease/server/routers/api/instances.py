@@ -184,4 +184,4 @@ def create_run(ref: str, body: RunCreate, request: Request) -> RunPublic:
     return result
 
 
-router.include_router(autostop_api.router)  # issue 4: autostop, schedules, resize, time zone
+router.include_router(autostop_api.router)  # autostop, schedules, resize, the user's zone

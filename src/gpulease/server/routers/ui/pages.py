@@ -19,15 +19,15 @@ from gpulease.server.routers.ui import support as support_pages
 router = APIRouter(include_in_schema=False)
 for area in (account, dashboard):
     router.include_router(area.router)
-for area in (create_pages, billing_pages):  # issue 3: create form with estimate, billing
+for area in (create_pages, billing_pages):  # the Create form with its estimate; Billing
     router.include_router(area.router)
-router.include_router(dataset_pages.router)  # issue 5: datasets
-router.include_router(catalog_pages.router)  # issue 6: GPU catalog
-router.include_router(instance_pages.router)  # issue 6: instance page (after /instances/new)
-router.include_router(run_pages.router)  # issue 6: run page, compare runs
-router.include_router(admin_pages.router)  # issue 6: admin console (nodes, users, prices)
-for area in (terminal, jupyter_proxy):  # issue 4: browser terminal, JupyterLab proxy
+router.include_router(dataset_pages.router)
+router.include_router(catalog_pages.router)  # the GPU catalog
+router.include_router(instance_pages.router)  # after create: /instances/new is not an id
+router.include_router(run_pages.router)  # a run's page, comparing runs
+router.include_router(admin_pages.router)  # the admin console: nodes, users, prices
+for area in (terminal, jupyter_proxy):  # the browser terminal, the JupyterLab proxy
     router.include_router(area.router)
-router.include_router(autostop_pages.router)  # issue 4: autostop, schedules, resize forms
-for area in (support_pages, notification_pages):  # issue 6: support, notification settings
+router.include_router(autostop_pages.router)  # autostop, schedule and resize forms
+for area in (support_pages, notification_pages):  # support tickets, notification settings
     router.include_router(area.router)
