@@ -113,6 +113,23 @@ class Settings(BaseSettings):
     # span about an hour), and the time one try may take.
     notify_max_attempts: int = Field(default=8, ge=1, le=20)
     notify_timeout_s: float = Field(default=10.0, gt=0, le=60)
+    # Webhooks may target loopback, private (RFC 1918, CGNAT, fc00::/7) and link-local
+    # addresses only when this is set (an intranet receiver); metadata addresses never.
+    webhook_allow_private: bool = False
+
+    # JupyterLab runs on an origin of its own, one host per instance: <id>.JUPYTER_DOMAIN
+    # (a wildcard DNS name and certificate; scheme and port follow the console's public
+    # URL). It never receives the console's cookie. *.localhost resolves to loopback in
+    # browsers, so the default works for a server on this machine.
+    jupyter_domain: str = "jupyter.localhost"
+
+    # Guessing: failed logins per account and per client address, registrations and bad
+    # bearer tokens per address, within a sliding window (counted in this process).
+    auth_window_s: int = Field(default=900, ge=1)
+    login_failures_per_account: int = Field(default=10, ge=1)
+    login_failures_per_address: int = Field(default=30, ge=1)
+    registrations_per_address: int = Field(default=10, ge=1)
+    token_failures_per_address: int = Field(default=30, ge=1)
 
     @model_validator(mode="after")
     def _enforce_safe_defaults(self) -> Settings:

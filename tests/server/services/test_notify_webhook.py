@@ -70,6 +70,7 @@ def settings(tmp_path: Path, database_url: str) -> Settings:
         signup_credit="10.00",
         notify_max_attempts=3,
         notify_timeout_s=5,
+        webhook_allow_private=True,  # the receiver listens on loopback
     )
 
 

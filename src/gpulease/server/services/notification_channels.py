@@ -21,7 +21,7 @@ from gpulease.schemas.notifications import (
 )
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Notification, NotificationChannel, NotificationDelivery, User
-from gpulease.server.services import notifications
+from gpulease.server.services import notifications, webhook_addresses
 
 WEBHOOK = "webhook"
 EMAIL = "email"
@@ -63,7 +63,9 @@ def public(
     )
 
 
-def check_webhook_url(url: str) -> str:
+def check_webhook_url(url: str, *, allow_private: bool = False) -> str:
+    """A well-formed http(s) URL whose host is not, and does not resolve to, a loopback,
+    private, link-local or metadata address (unless the operator allows private ones)."""
     url = url.strip()
     if len(url) > 2000:
         raise InvalidInput("the webhook URL is longer than 2000 characters")
@@ -79,6 +81,7 @@ def check_webhook_url(url: str) -> str:
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError:
         raise InvalidInput(f"{url!r} has an invalid port") from None
+    webhook_addresses.check_saved_url(url, allow_private=allow_private)
     return url
 
 
@@ -123,9 +126,15 @@ def _row(session: Session, user: User, kind: str) -> NotificationChannel:
 
 
 def update(
-    session: Session, user: User, change: NotificationChannelsUpdate, *, email_available: bool
+    session: Session,
+    user: User,
+    change: NotificationChannelsUpdate,
+    *,
+    email_available: bool,
+    allow_private: bool = False,
 ) -> str | None:
-    """Apply the fields given; returns the webhook's new secret when one was made."""
+    """Apply the fields given; returns the webhook's new secret when one was made.
+    allow_private: the operator's GPULEASE_WEBHOOK_ALLOW_PRIVATE."""
     given = change.model_fields_set
     now = utcnow()
     secret: str | None = None
@@ -133,7 +142,7 @@ def update(
         hook = _row(session, user, WEBHOOK)
         if "webhook_url" in given:
             if change.webhook_url and change.webhook_url.strip():
-                url = check_webhook_url(change.webhook_url)
+                url = check_webhook_url(change.webhook_url, allow_private=allow_private)
                 if not hook.target or not hook.secret:
                     secret = hook.secret = new_secret()
                     hook.enabled = True

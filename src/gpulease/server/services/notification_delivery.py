@@ -19,9 +19,13 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from gpulease.server.orm import Notification, NotificationChannel, NotificationDelivery, User
+from gpulease.server.services import webhook_addresses
 from gpulease.server.settings import Settings
 
 SIGNATURE_HEADER = "X-Gpulease-Signature"
+# Why a webhook could not be reached is not told: which ports answer, refuse or hang on a
+# host is what a scanner wants to learn.
+UNREACHABLE = "could not deliver: could not reach the webhook (check its address and that it is up)"
 FIRST_RETRY_S = 30
 LONGEST_WAIT_S = 3600
 BATCH = 32
@@ -160,6 +164,9 @@ def webhook_body(job: Job) -> bytes:
 
 
 def send_webhook(job: Job, settings: Settings) -> str | None:
+    """POST the signed body to the address the URL's host resolves to now, once that address
+    is checked (webhook_addresses); the connection goes to that very address, with the
+    URL's own Host header and TLS server name."""
     body = webhook_body(job)
     headers = {
         "Content-Type": "application/json",
@@ -168,18 +175,27 @@ def send_webhook(job: Job, settings: Settings) -> str | None:
         "X-Gpulease-Delivery": str(job.delivery_id),
         SIGNATURE_HEADER: signature(job.secret or "", body),
     }
+    url = httpx.URL(job.target)
     try:
-        response = httpx.post(
-            job.target,
-            content=body,
-            headers=headers,
-            timeout=settings.notify_timeout_s,
-            follow_redirects=False,
+        address = webhook_addresses.pinned_address(
+            job.target, allow_private=settings.webhook_allow_private
         )
-    except httpx.TimeoutException:
-        return f"no answer from the webhook within {settings.notify_timeout_s:g} s"
-    except httpx.HTTPError as exc:
-        return f"could not reach the webhook: {type(exc).__name__}: {exc}"[:400]
+    except webhook_addresses.AddressRefused as exc:
+        return f"could not deliver: {exc.message}"[:400]
+    except (OSError, UnicodeError):
+        return UNREACHABLE
+    headers["Host"] = url.netloc.decode("ascii")
+    try:
+        with httpx.Client(trust_env=False, follow_redirects=False) as client:
+            response = client.post(
+                url.copy_with(host=str(address)),
+                content=body,
+                headers=headers,
+                timeout=settings.notify_timeout_s,
+                extensions={"sni_hostname": url.host},
+            )
+    except httpx.HTTPError:
+        return UNREACHABLE
     if 200 <= response.status_code < 300:
         return None
     # Only the status: the body of an arbitrary server is nothing to show back to the user.

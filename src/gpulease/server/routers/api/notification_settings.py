@@ -29,10 +29,17 @@ def put_channels(
 ) -> NotificationChannelsPublic:
     """Change only the fields given; the answer carries the webhook's secret when one was
     made (first URL, or rotate_secret) and never again."""
-    email = runtime(request).settings.smtp_configured
+    settings = runtime(request).settings
+    email = settings.smtp_configured
     with tx(request) as session:
         user = current_user(session, request)
-        secret = notification_channels.update(session, user, change, email_available=email)
+        secret = notification_channels.update(
+            session,
+            user,
+            change,
+            email_available=email,
+            allow_private=settings.webhook_allow_private,
+        )
         return notification_channels.public(session, user, email_available=email, new_secret=secret)
 
 

@@ -98,7 +98,11 @@ def _apply(
     try:
         with tx(request) as session:
             secret = notification_channels.update(
-                session, user, change, email_available=email_available
+                session,
+                user,
+                change,
+                email_available=email_available,
+                allow_private=runtime(request).settings.webhook_allow_private,
             )
     except GpuleaseError as exc:
         return _page(
