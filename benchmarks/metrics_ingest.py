@@ -39,7 +39,8 @@ from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from gpulease.client import GpuleaseClient  # noqa: E402
-from gpulease.client.runstream import parse_sse_events  # noqa: E402
+from gpulease.client.runstream import parse_sse  # noqa: E402
+from gpulease.schemas.runs import RunCreate
 from processes import Platform, free_port  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("GPULEASE_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
@@ -88,8 +89,8 @@ class Bench:
         assert len(specs) == 1, specs
         self.runner_token = str(json.loads(specs[0].read_text())["token"])
         self.client = GpuleaseClient(platform.url, self.user_token)
-        self.run_id = self.client.create_run("box", "sleep 3600").id
-        while self.client.get_run(self.run_id).status != "running":
+        self.run_id = self.client.runs.create("box", RunCreate(command="sleep 3600")).id
+        while self.client.runs.get(self.run_id).status != "running":
             time.sleep(0.1)
         self.http = httpx.Client(
             base_url=platform.url,
@@ -119,7 +120,7 @@ class Bench:
     def delays(self, n: int) -> list[float]:
         """Seconds from POSTing one point to its event arriving on an SSE client."""
         arrived: queue.Queue[tuple[int, float]] = queue.Queue()
-        last = self.client.run_metrics(self.run_id, ["loss"], max_points=10).last_point_id
+        last = self.client.runs.metrics(self.run_id, ["loss"], max_points=10).last_point_id
         stop = threading.Event()
 
         def listen() -> None:
@@ -127,7 +128,7 @@ class Bench:
             params = {"since": f"-1:{last}", "logs": "false"}
             url = f"{self.platform.url}/api/v1/runs/{self.run_id}/stream"
             with httpx.stream("GET", url, params=params, headers=headers, timeout=None) as r:
-                for message in parse_sse_events(r.iter_lines()):
+                for message in parse_sse(r.iter_lines()):
                     now = time.perf_counter()
                     if message.event == "metric":
                         for p in json.loads(message.data)["points"]:
@@ -162,13 +163,15 @@ class Bench:
             "    track.log(step=i, sent=time.time())\n"
             "    time.sleep(0.3)\n"
         )
-        run_id = self.client.create_run("box", "python -c " + shlex.quote(script)).id
+        run_id = self.client.runs.create(
+            "box", RunCreate(command="python -c " + shlex.quote(script))
+        ).id
         samples: list[float] = []
         headers = {"Authorization": f"Bearer {self.user_token}"}
         params = {"since": "-1:0", "logs": "false"}
         url = f"{self.platform.url}/api/v1/runs/{run_id}/stream"
         with httpx.stream("GET", url, params=params, headers=headers, timeout=120) as r:
-            for message in parse_sse_events(r.iter_lines()):
+            for message in parse_sse(r.iter_lines()):
                 now = time.time()
                 if message.event == "metric":
                     for p in json.loads(message.data)["points"]:

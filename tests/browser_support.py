@@ -20,7 +20,8 @@ from fastapi import FastAPI
 from factories import RunnerDouble
 from gpulease.backends.fake import FakeBackend
 from gpulease.client import GpuleaseClient
-from gpulease.schemas.instances import InstancePublic
+from gpulease.schemas.accounts import RegisterRequest
+from gpulease.schemas.instances import InstanceCreate, InstancePublic
 from gpulease.server.reconcilers.loop import run_once
 from gpulease.server.runtime import Runtime
 from processes import ADMIN_PASSWORD
@@ -85,9 +86,11 @@ def running_instance(server: LiveServer, user: str, name: str) -> InstancePublic
     """`user` signs up (password cat-breeds-2024) and rents one A100-80GB named `name`; a
     reconciler tick places it and its runner (a double) reports ready."""
     with GpuleaseClient(server.url) as anonymous:
-        token = anonymous.register(user, "cat-breeds-2024").token
+        token = anonymous.auth.register(
+            RegisterRequest(name=user, password="cat-breeds-2024")
+        ).token
     with GpuleaseClient(server.url, token) as owner:
-        instance = owner.create_instance("A100-80GB:1", name=name)
+        instance = owner.instances.create(InstanceCreate(gpu="A100-80GB:1", name=name))
     run_once(server.rt)
     handle = server.backend.handle_for(instance.id)
     assert handle is not None

@@ -18,6 +18,7 @@ from browser_support import (
     shot,
 )
 from gpulease.client import GpuleaseClient
+from gpulease.schemas.accounts import RegisterRequest
 from gpulease.server.db import transaction
 from gpulease.server.services import metering
 
@@ -31,7 +32,7 @@ expect = sync_api.expect
 
 def test_create_form_estimates_live_and_creates(server: LiveServer, browser: Browser) -> None:
     with GpuleaseClient(server.url) as anonymous:
-        anonymous.register("dora", "cat-breeds-2024")
+        anonymous.auth.register(RegisterRequest(name="dora", password="cat-breeds-2024"))
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     problems = page_problems(page, console=error_but_422)

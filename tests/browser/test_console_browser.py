@@ -11,6 +11,10 @@ import pytest
 from browser_support import ADMIN_PASSWORD, BROWSER_MARKS, LiveServer, page_problems, shot
 from factories import RunnerDouble
 from gpulease.client import GpuleaseClient
+from gpulease.schemas.accounts import LoginRequest
+from gpulease.schemas.instances import InstanceCreate
+from gpulease.schemas.ledger import GrantCreate
+from gpulease.schemas.runs import RunCreate
 from gpulease.server.reconcilers.loop import run_once
 from gpulease.server.routers.deps import SESSION_COOKIE
 
@@ -57,7 +61,7 @@ def test_sign_up_then_watch_an_instance_and_its_log_live(
 
     # Rent an instance with the same session, through the SDK; the page notices by itself.
     with GpuleaseClient(server.url, cookie["value"]) as client:
-        instance = client.create_instance("A100-80GB:2", name="cats")
+        instance = client.instances.create(InstanceCreate(gpu="A100-80GB:2", name="cats"))
         instances = page.locator("#instances")
         expect(instances).to_contain_text("cats")
         expect(instances.locator(".pill")).to_have_text("queued")
@@ -74,7 +78,7 @@ def test_sign_up_then_watch_an_instance_and_its_log_live(
             expect(instances).to_contain_text("simulated")
 
             # A run: its output shows up in the log tail while it happens, without a reload.
-            run = client.create_run("cats", "python train.py --epochs 3")
+            run = client.runs.create("cats", RunCreate(command="python train.py --epochs 3"))
             assert [r["id"] for r in runner.commands()] == [run.id]
             assert (
                 runner.call("POST", f"/runs/{run.id}/started", json={"pid": 7}).status_code == 204
@@ -101,9 +105,11 @@ def test_sign_up_then_watch_an_instance_and_its_log_live(
             ]
     # Credit granted elsewhere shows up in the balance by itself.
     with GpuleaseClient(server.url) as anonymous:
-        admin_token = anonymous.login("admin", ADMIN_PASSWORD).token
+        admin_token = anonymous.auth.login(
+            LoginRequest(name="admin", password=ADMIN_PASSWORD)
+        ).token
     with GpuleaseClient(server.url, admin_token) as admin:
-        admin.admin_grant("carol", "25.00")
+        admin.admin.grant(GrantCreate(user="carol", amount="25.00"))
     expect(page.get_by_test_id("balance")).to_have_text("$35.0000")
     assert page.evaluate("window.__sameDocument") is True, "the page reloaded"
     shot(page, "dashboard.png")

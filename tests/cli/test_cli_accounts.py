@@ -39,7 +39,7 @@ def test_login_with_options_then_logout_revokes_the_token(cli: Cli) -> None:
     saved = load_saved(cli.config)
     assert (saved.server, saved.token) == (SERVER_URL, None)
     with pytest.raises(ApiError, match="revoked"):
-        cli.server.client(token).me()
+        cli.server.client(token).auth.me()
     assert "not logged in" in cli("whoami").stderr
 
 
@@ -75,12 +75,12 @@ def test_tokens_create_list_revoke(cli: Cli) -> None:
     assert created.exit_code == 0
     secret = created.stdout.strip()
     assert secret.startswith("glp_") and "not shown again" in created.stderr
-    assert cli.server.client(secret).me().name == "ann"
+    assert cli.server.client(secret).auth.me().name == "ann"
 
     listed = json.loads(cli("token", "ls", "-o", "json").stdout)
     laptop = next(t for t in listed if t["name"] == "laptop")
     assert "laptop" in cli("token", "ls").stdout
     assert cli("token", "revoke", str(laptop["id"])).exit_code == 0
-    assert [t.revoked_at is not None for t in ann.list_tokens() if t.name == "laptop"] == [True]
+    assert [t.revoked_at is not None for t in ann.tokens.list() if t.name == "laptop"] == [True]
     missing = cli("token", "revoke", "999")
     assert missing.exit_code == 1 and "no token with id 999" in missing.stderr

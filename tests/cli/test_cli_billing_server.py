@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from wired_cli import Cli
 
 from gpulease.cli.main import app
+from gpulease.schemas.instances import InstanceCreate
 
 
 def test_balance_and_usage(cli: Cli) -> None:
@@ -20,11 +21,11 @@ def test_balance_and_usage(cli: Cli) -> None:
     assert "$10.0000 USD" in balance.stdout
     assert json.loads(cli("balance", "-o", "json").stdout)["balance_micro"] == 10_000_000
 
-    ann.create_instance("T4:1", name="box")
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
     cli.server.cluster.start()
-    cli.server.cluster.wait_for(lambda: ann.get_instance("box").status == "running")
-    ann.stop_instance("box")
-    cli.server.cluster.wait_for(lambda: ann.get_instance("box").status == "stopped")
+    cli.server.cluster.wait_for(lambda: ann.instances.get("box").status == "running")
+    ann.instances.stop("box")
+    cli.server.cluster.wait_for(lambda: ann.instances.get("box").status == "stopped")
     usage = cli("usage")
     assert usage.exit_code == 0
     assert "T4:1" in usage.stdout and "sign-up credit" in usage.stdout
@@ -41,8 +42,8 @@ def test_admin_grant_and_users(cli: Cli) -> None:
     granted = cli("admin", "grant", "ann", "25.00", "--memo", "course credit")
     assert granted.exit_code == 0, granted.output
     assert "granted $25.0000 to ann" in granted.stdout
-    assert ann.balance().balance_micro == 35_000_000
-    assert ann.usage().ledger[0].memo == "course credit (by admin)"
+    assert ann.billing.balance().balance_micro == 35_000_000
+    assert ann.billing.usage().ledger[0].memo == "course credit (by admin)"
     line = json.loads(cli("admin", "grant", "ann", "0.5", "-o", "json").stdout)
     assert line["amount_micro"] == 500_000
 

@@ -88,4 +88,4 @@ def test_instance_create_wait_fails_when_it_cannot_start(cli: Cli) -> None:
     created = cli("instance", "create", "--gpu", "T4:1", "--name", "box", "--wait")
     assert created.exit_code == 1
     assert "did not start" in created.stderr and "no runner binary" in created.stderr
-    assert ann.get_instance("box").status == "failed"
+    assert ann.instances.get("box").status == "failed"

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from wired_cli import Cli
 
+from gpulease.schemas.instances import InstanceCreate
 from gpulease.server.db import transaction
 from gpulease.server.services import metering
 
@@ -36,16 +37,16 @@ def test_estimate_prints_a_row_per_gpu_model_with_the_currency(cli: Cli) -> None
 
 def test_statement_and_revenue_as_table_json_and_csv(cli: Cli) -> None:
     ann = cli.login_as("ann")
-    ann.create_instance("T4:1", name="box")
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
     cluster = cli.server.cluster
     cluster.start()
-    cluster.wait_for(lambda: ann.get_instance("box").status == "running")
+    cluster.wait_for(lambda: ann.instances.get("box").status == "running")
     with transaction(cli.server.rt.sessions) as session:
-        seg = metering.open_segment_of(session, ann.get_instance("box").id)
+        seg = metering.open_segment_of(session, ann.instances.get("box").id)
         assert seg is not None
         seg.started_at -= timedelta(hours=1)
-    ann.stop_instance("box")
-    cluster.wait_for(lambda: ann.get_instance("box").status == "stopped")
+    ann.instances.stop("box")
+    cluster.wait_for(lambda: ann.instances.get("box").status == "stopped")
 
     shown = cli("statement")
     assert shown.exit_code == 0, shown.output

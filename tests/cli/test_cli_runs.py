@@ -13,11 +13,13 @@ from inprocess import tar_members
 from wired_cli import Cli
 
 from gpulease.cli import instances
+from gpulease.schemas.instances import InstanceCreate
+from gpulease.schemas.runs import RunCreate
 
 
 def test_exec_streams_stdout_and_stderr_and_exits_with_the_code(cli: Cli) -> None:
     ann = cli.login_as("ann")
-    ann.create_instance("T4:1", name="box")
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
     cli.server.cluster.job = lambda run: ([("stdout", "out 1\n"), ("stderr", "err 1\n")], 3)
     cli.server.cluster.start()
     result = cli("exec", "box", "--env", "LR=0.1", "--", "python", "train.py", "--note", "a b")
@@ -31,7 +33,7 @@ def test_exec_streams_stdout_and_stderr_and_exits_with_the_code(cli: Cli) -> Non
 
 def test_exec_passes_one_argument_as_a_shell_script(cli: Cli) -> None:
     ann = cli.login_as("ann")
-    ann.create_instance("T4:1", name="box")
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
     cli.server.cluster.start()
     result = cli("exec", "box", "--", "cd data && ls | wc -l")
     assert result.exit_code == 0
@@ -41,8 +43,8 @@ def test_exec_passes_one_argument_as_a_shell_script(cli: Cli) -> None:
 
 def test_exec_refusals(cli: Cli) -> None:
     ann = cli.login_as("ann")
-    ann.create_instance("T4:1", name="box")
-    ann.stop_instance("box")
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
+    ann.instances.stop("box")
     stopped = cli("exec", "box", "--", "true")
     assert stopped.exit_code == 1 and "start it first" in stopped.stderr
     bad_env = cli("exec", "box", "--env", "NOEQUALS", "--", "true")
@@ -51,13 +53,13 @@ def test_exec_refusals(cli: Cli) -> None:
 
 def test_exec_exits_1_and_says_why_when_the_instance_goes_away(cli: Cli) -> None:
     ann = cli.login_as("ann")
-    ann.create_instance("T4:1", name="box")
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
     cli.server.cluster.hold = True  # the runner never gets ready: the run stays pending
     cli.server.cluster.start()
 
     def stop_once_the_run_is_queued() -> None:
-        cli.server.cluster.wait_for(lambda: bool(ann.list_runs()))
-        ann.stop_instance("box")
+        cli.server.cluster.wait_for(lambda: bool(ann.runs.list()))
+        ann.instances.stop("box")
 
     stopper = threading.Thread(target=stop_once_the_run_is_queued)
     stopper.start()
@@ -94,7 +96,7 @@ def test_run_task_file_uploads_runs_streams_and_releases(cli: Cli, tmp_path: Pat
     assert result.exit_code == 0, result.output
     assert result.stdout == "epoch 1\ndone\n"
 
-    (instance,) = ann.list_instances(include_released=True)
+    (instance,) = ann.instances.list(include_released=True)
     assert re.fullmatch(r"cat-breeds-v2-[0-9a-f]{4}", instance.name)
     assert (instance.gpu_model, instance.gpu_count) == ("T4", 1)
     (run,) = cli.server.cluster.runs
@@ -103,7 +105,7 @@ def test_run_task_file_uploads_runs_streams_and_releases(cli: Cli, tmp_path: Pat
     members = tar_members(cli.server.cluster.workdirs[instance.id] or b"")
     assert members == {"train.py": b"print('training')\n"}
     # the run stopped its instance, and auto-release gives it back
-    cli.server.cluster.wait_for(lambda: ann.get_instance(instance.id).status == "released")
+    cli.server.cluster.wait_for(lambda: ann.instances.get(instance.id).status == "released")
 
 
 def test_run_command_form_without_workdir_and_exit_code(cli: Cli) -> None:
@@ -115,7 +117,7 @@ def test_run_command_form_without_workdir_and_exit_code(cli: Cli) -> None:
     assert "boom\n" in result.stderr
     (run,) = cli.server.cluster.runs
     assert (run["command"], run["env"]) == ("python -c 'x = 1'", {"K": "V"})
-    (instance,) = ann.list_instances(include_released=True)
+    (instance,) = ann.instances.list(include_released=True)
     assert cli.server.cluster.workdirs[instance.id] is None  # nothing uploaded
     assert instance.gpu_model == "A100-80GB"
 
@@ -143,7 +145,7 @@ def test_run_refuses_bad_tasks_before_renting_anything(cli: Cli, tmp_path: Path)
     (tmp_path / "t.yaml").write_text("run: x\nworkdir: nope\n")
     no_workdir = cli("run", str(tmp_path / "t.yaml"))
     assert no_workdir.exit_code == 1 and "does not exist" in no_workdir.stderr
-    assert ann.list_instances(include_released=True) == []
+    assert ann.instances.list(include_released=True) == []
 
 
 def test_run_interrupted_releases_its_instance(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,9 +160,9 @@ def test_run_interrupted_releases_its_instance(cli: Cli, monkeypatch: pytest.Mon
     result = cli("run", "--gpu", "T4:1", "--", "sleep 1000")
     assert result.exit_code == 130
     assert "releasing instance" in result.stderr
-    (instance,) = ann.list_instances(include_released=True)
+    (instance,) = ann.instances.list(include_released=True)
     assert instance.desired_state == "released"
-    cli.server.cluster.wait_for(lambda: ann.get_instance(instance.id).status == "released")
+    cli.server.cluster.wait_for(lambda: ann.instances.get(instance.id).status == "released")
 
 
 def test_run_on_an_instance_that_fails_to_start(cli: Cli) -> None:
@@ -174,9 +176,9 @@ def test_run_on_an_instance_that_fails_to_start(cli: Cli) -> None:
 
 def test_logs_pages_follow_and_runs_listing(cli: Cli) -> None:
     ann = cli.login_as("ann")
-    instance = ann.create_instance("T4:1", name="box")
+    instance = ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
     cli.server.cluster.job = lambda run: ([("stdout", f"line {i}\n") for i in range(3)], 0)
-    run = ann.create_run("box", "python train.py\necho second line")
+    run = ann.runs.create("box", RunCreate(command="python train.py\necho second line"))
     cli.server.cluster.start()
     followed = cli("logs", str(run.id), "-f")
     assert followed.exit_code == 0 and followed.stdout == "line 0\nline 1\nline 2\n"

@@ -6,14 +6,16 @@ import json
 
 from wired_cli import Cli
 
+from gpulease.schemas.instances import InstanceCreate
+
 
 def test_ticket_round_trip_with_an_attached_log(cli: Cli) -> None:
     ann = cli.login_as("ann")
-    ann.create_instance("T4:1", name="box")
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
     cli.server.cluster.job = lambda run: ([("stdout", "epoch 1\n"), ("stderr", "CUDA oops\n")], 1)
     cli.server.cluster.start()
     assert cli("exec", "box", "--", "python train.py").exit_code == 1
-    (run,) = ann.list_runs()
+    (run,) = ann.runs.list()
 
     opened = cli(
         "ticket",
@@ -41,9 +43,9 @@ def test_ticket_round_trip_with_an_attached_log(cli: Cli) -> None:
     answered = cli("ticket", "reply", str(ticket["id"]), input="update the driver\n")
     assert answered.exit_code == 0 and "answered" in answered.stderr
 
-    shown = ann.ticket(ticket["id"])
+    shown = ann.support.get(ticket["id"])
     assert [m.body for m in shown.messages] == ["it dies", "update the driver"]
-    assert any(n.kind == "ticket_reply" for n in ann.notifications())
+    assert any(n.kind == "ticket_reply" for n in ann.notifications.list())
     text = cli("ticket", "show", str(ticket["id"])).stdout
     assert "update the driver" in text and "admin (support)" in text and "CUDA oops" in text
     closed = cli("ticket", "close", str(ticket["id"]))

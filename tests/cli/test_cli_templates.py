@@ -9,6 +9,7 @@ from typing import Any
 from wired_cli import Cli
 
 from gpulease.gpus.discovery import discover
+from gpulease.schemas.instances import InstanceCreate
 from gpulease.server.db import transaction
 from gpulease.server.services import nodes
 
@@ -95,11 +96,11 @@ def test_create_refuses_with_the_reason(cli: Cli) -> None:
 
 def test_save_an_instance_environment_as_a_template(cli: Cli) -> None:
     ann = cli.login_as("ann")
-    ann.create_instance("T4:1", "pytorch", name="box")
+    ann.instances.create(InstanceCreate(gpu="T4:1", template="pytorch", name="box"))
     cluster = cli.server.cluster
     for _ in range(3):
         cluster.step()
-    assert ann.get_instance("box").status == "running"
+    assert ann.instances.get("box").status == "running"
 
     pending = cli("templates", "save", "box", "mine1", "--no-wait")
     assert pending.exit_code == 0, pending.output

@@ -25,6 +25,7 @@ import httpx
 
 from gpulease.backends.fake import FakeBackend
 from gpulease.client import GpuleaseClient
+from gpulease.schemas.accounts import LoginRequest, RegisterRequest
 from gpulease.server.app import create_app
 from gpulease.server.reconcilers.loop import run_once
 from gpulease.server.runtime import Runtime, build_runtime
@@ -192,7 +193,7 @@ class InProcessServer:
         if name in self.tokens:
             return self.client(self.tokens[name])
         client = self.client()
-        client.register(name, password_of(name))
+        client.auth.register(RegisterRequest(name=name, password=password_of(name)))
         return client
 
     def admin(self) -> GpuleaseClient:
@@ -230,9 +231,17 @@ def prepare_home(home: Path) -> dict[str, str]:
     """A migrated data directory with the admin and PREPARED_USERS, and their API tokens.
     Copying it is much faster than migrating and hashing passwords in every test."""
     with in_process_server(home) as server:
-        tokens = {ADMIN_NAME: server.client().login(ADMIN_NAME, ADMIN_PASSWORD).token}
+        tokens = {
+            ADMIN_NAME: server.client()
+            .auth.login(LoginRequest(name=ADMIN_NAME, password=ADMIN_PASSWORD))
+            .token
+        }
         for name in PREPARED_USERS:
-            tokens[name] = server.client().register(name, password_of(name)).token
+            tokens[name] = (
+                server.client()
+                .auth.register(RegisterRequest(name=name, password=password_of(name)))
+                .token
+            )
     return tokens
 
 

@@ -94,7 +94,7 @@ def test_kill_the_cli_halfway_then_push_again(
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and cli.poll() is None:
         try:
-            received = client.get_push("imgs", 1).bytes_received
+            received = client.datasets.get_push("imgs", 1).bytes_received
         except Exception:
             received = 0
         if received >= 4_000_000:

@@ -25,6 +25,7 @@ from gpulease.cli.output import (
 from gpulease.cli.trust import ReplaceOption, YesOption, confirm_server_certificate
 from gpulease.client import ClientError, Login, config_path, save_login
 from gpulease.client.config import TOKEN_ENV, forget_token, normalize_server_url
+from gpulease.schemas.accounts import LoginRequest, RegisterRequest, TokenCreate
 
 
 def _server_url(value: str | None) -> str:
@@ -68,7 +69,7 @@ def register(
     url = _server_url(server)
     confirm_server_certificate(url, yes=yes, replace=replace_certificate)
     with connection.open_client(url, None) as client:
-        result = client.register(name, password, email=email)
+        result = client.auth.register(RegisterRequest(name=name, password=password, email=email))
     path = save_login(Login(server=url, token=result.token, user=result.user.name))
     console().print(f"registered [bold]{result.user.name}[/bold] on {url}; logged in")
     note(f"login saved in {path}")
@@ -90,7 +91,11 @@ def login(
     url = _server_url(server)
     confirm_server_certificate(url, yes=yes, replace=replace_certificate)
     with connection.open_client(url, None) as client:
-        result = client.login(name, password, token_name=f"cli on {platform.node() or 'host'}")
+        result = client.auth.login(
+            LoginRequest(
+                name=name, password=password, token_name=f"cli on {platform.node() or 'host'}"
+            )
+        )
     path = save_login(Login(server=url, token=result.token, user=result.user.name))
     console().print(f"logged in to {url} as [bold]{result.user.name}[/bold]")
     note(f"login saved in {path}")
@@ -105,9 +110,9 @@ def logout() -> None:
         try:
             with connection.open_client(saved.server, saved.token) as client:
                 prefix = saved.token[:10]
-                for token in client.list_tokens():
+                for token in client.tokens.list():
                     if token.prefix == prefix and token.revoked_at is None:
-                        client.revoke_token(token.id)
+                        client.tokens.revoke(token.id)
         except ClientError as exc:
             note(f"the token was forgotten here but not revoked on the server: {exc.message}")
         console().print(f"logged out of {saved.server}")
@@ -118,7 +123,7 @@ def logout() -> None:
 def whoami(output: OutputOption = OutputFormat.table) -> None:
     """Who the saved login is, on which server."""
     with logged_in_client() as client:
-        user = client.me()
+        user = client.auth.me()
     if output is OutputFormat.json:
         print_json({**user.model_dump(mode="json"), "server": client.server_url})
         return
@@ -143,7 +148,7 @@ def token_create(
 ) -> None:
     """Create an API token; its secret is shown this once only."""
     with logged_in_client() as client:
-        created = client.create_token(name)
+        created = client.tokens.create(TokenCreate(name=name))
     if output is OutputFormat.json:
         print_json(created)
         return
@@ -155,7 +160,7 @@ def token_create(
 def token_list(output: OutputOption = OutputFormat.table) -> None:
     """Your API tokens (secrets are never shown again, only their first characters)."""
     with logged_in_client() as client:
-        tokens = client.list_tokens()
+        tokens = client.tokens.list()
     if output is OutputFormat.json:
         print_json(tokens)
         return
@@ -177,5 +182,5 @@ def token_list(output: OutputOption = OutputFormat.table) -> None:
 def token_revoke(token_id: Annotated[int, typer.Argument(metavar="ID")]) -> None:
     """Revoke a token: requests with it are refused from now on."""
     with logged_in_client() as client:
-        client.revoke_token(token_id)
+        client.tokens.revoke(token_id)
     console().print(f"token {token_id} revoked")

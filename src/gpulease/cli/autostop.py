@@ -23,7 +23,8 @@ from gpulease.cli.output import (
 )
 from gpulease.core.catalog import parse_accelerators
 from gpulease.core.errors import InvalidInput
-from gpulease.schemas.autostop import AutostopPublic
+from gpulease.schemas.autostop import AutostopPublic, AutostopUpdate, ScheduleCreate, TimezoneUpdate
+from gpulease.schemas.instances import ResizeRequest
 
 RefArgument = Annotated[str, typer.Argument(metavar="REF", help="instance id or name")]
 
@@ -80,14 +81,16 @@ def autostop(
     Sets all of them at once: an option left out turns its part off."""
     with logged_in_client() as client:
         if show:
-            result = client.autostop(ref)
+            result = client.autostop.get(ref)
         else:
-            result = client.set_autostop(
+            result = client.autostop.set(
                 ref,
-                idle_util_pct=idle_util,
-                idle_minutes=idle_minutes,
-                max_runtime_minutes=max_runtime,
-                stop_after_run=after_run,
+                AutostopUpdate(
+                    idle_util_pct=idle_util,
+                    idle_minutes=idle_minutes,
+                    max_runtime_minutes=max_runtime,
+                    stop_after_run=after_run,
+                ),
             )
     if output is OutputFormat.json:
         print_json(result)
@@ -112,7 +115,9 @@ def schedule_add(
         fail('give --start and/or --stop, e.g. --start "0 9 * * 1-5" --stop "0 19 * * 1-5"', 2)
     with logged_in_client() as client:
         made = [
-            client.add_schedule(ref, action, cron, timezone=timezone)
+            client.autostop.add_schedule(
+                ref, ScheduleCreate(action=action, cron=cron, timezone=timezone)
+            )
             for action, cron in (("start", start), ("stop", stop))
             if cron is not None
         ]
@@ -130,7 +135,7 @@ def schedule_add(
 def schedule_ls(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
     """The instance's schedules and when each fires next."""
     with logged_in_client() as client:
-        found = client.schedules(ref)
+        found = client.autostop.schedules(ref)
     if output is OutputFormat.json:
         print_json(found)
         return
@@ -149,7 +154,7 @@ def schedule_rm(
 ) -> None:
     """Remove a schedule."""
     with logged_in_client() as client:
-        client.remove_schedule(ref, schedule_id)
+        client.autostop.remove_schedule(ref, schedule_id)
     note(f"schedule {schedule_id} removed")
 
 
@@ -159,7 +164,7 @@ def schedule_timezone(
 ) -> None:
     """Set your time zone; schedules that followed your old one follow the new one."""
     with logged_in_client() as client:
-        user = client.set_timezone(zone)
+        user = client.auth.set_timezone(TimezoneUpdate(timezone=zone))
     console().print(f"time zone: {escape(user.timezone)}")
 
 
@@ -184,7 +189,9 @@ def resize(
         if count == 0:
             model, count, no_gpu = None, None, True
     with logged_in_client() as client:
-        instance = client.resize_instance(ref, model, count, no_gpu=no_gpu)
+        instance = client.instances.resize(
+            ref, ResizeRequest(gpu_model=model, gpu_count=count, no_gpu=no_gpu)
+        )
     if output is OutputFormat.json:
         print_json(instance)
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -21,14 +21,18 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.text import Text
-from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.cli.output import console, err_console, fail, note
 from gpulease.cli.server import database_text, settings_error_text
 from gpulease.core.errors import GpuleaseError
-from gpulease.server.backups import Step, create_backup, restore_backup
-from gpulease.server.backups.progress import Advance
-from gpulease.server.settings import Settings
+
+if TYPE_CHECKING:
+    from gpulease.server.backups import Step
+    from gpulease.server.backups.progress import Advance
+    from gpulease.server.settings import Settings
+
+# The backup machinery (and SQLAlchemy under it) loads inside the commands: the rest of the
+# CLI starts without it.
 
 
 class _AmountColumn(ProgressColumn):
@@ -70,6 +74,8 @@ def _progress() -> Iterator[Step]:
 
 
 def _settings() -> Settings:
+    from gpulease.server.settings import Settings
+
     try:
         return Settings()
     except ValidationError as exc:
@@ -77,6 +83,8 @@ def _settings() -> Settings:
 
 
 def _run(action: str, settings: Settings, call: Any) -> Any:
+    from sqlalchemy.exc import SQLAlchemyError
+
     try:
         with _progress() as step:
             return call(step)
@@ -100,6 +108,8 @@ def backup(
     ] = False,
 ) -> None:
     """Back up this server's data (GPULEASE_* settings): database, blobs, workspaces at rest."""
+    from gpulease.server.backups import create_backup
+
     settings = _settings()
     if include_keys:
         err_console().print(
@@ -141,6 +151,8 @@ def restore(
     ] = False,
 ) -> None:
     """Restore a backup into this server's data directory and database (server stopped)."""
+    from gpulease.server.backups import restore_backup
+
     settings = _settings()
     summary = _run(
         "the restore", settings, lambda step: restore_backup(settings, src, force=force, step=step)

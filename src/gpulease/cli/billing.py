@@ -19,12 +19,13 @@ from gpulease.cli.output import (
     when,
 )
 from gpulease.core.money import format_credits
+from gpulease.schemas.ledger import GrantCreate
 
 
 def balance(output: OutputOption = OutputFormat.table) -> None:
     """Your credit, in money and in NCU (1 NCU = one A100 for 24 hours)."""
     with logged_in_client() as client:
-        found = client.balance()
+        found = client.billing.balance()
     if output is OutputFormat.json:
         print_json(found)
         return
@@ -40,7 +41,7 @@ def _duration(seconds: int) -> str:
 def usage(output: OutputOption = OutputFormat.table) -> None:
     """What you were billed: GPU usage segments, then every ledger line."""
     with logged_in_client() as client:
-        found = client.usage()
+        found = client.billing.usage()
     if output is OutputFormat.json:
         print_json(found)
         return
@@ -79,7 +80,7 @@ def grant(
 ) -> None:
     """Give a user credit."""
     with logged_in_client() as client:
-        line = client.admin_grant(user, amount, memo=memo)
+        line = client.admin.grant(GrantCreate(user=user, amount=amount, memo=memo))
     if output is OutputFormat.json:
         print_json(line)
         return
@@ -90,7 +91,7 @@ def grant(
 def users(output: OutputOption = OutputFormat.table) -> None:
     """All accounts on this server."""
     with logged_in_client() as client:
-        found = client.admin_users()
+        found = client.admin.users()
     if output is OutputFormat.json:
         print_json(found)
         return

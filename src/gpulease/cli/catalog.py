@@ -20,7 +20,12 @@ from gpulease.cli.output import (
     table,
     when,
 )
-from gpulease.schemas.catalog import GpuModelPublic, TemplateAvailabilityPublic, TemplatePublic
+from gpulease.schemas.catalog import (
+    GpuModelPublic,
+    TemplateAvailabilityPublic,
+    TemplatePublic,
+    TemplateSave,
+)
 
 SAVE_POLL_S = 0.5
 SAVE_TIMEOUT_S = 300.0
@@ -53,8 +58,8 @@ def gpus(
 ) -> None:
     """GPU models: memory, NCU factor, price per hour and how many are free now."""
     with logged_in_client() as client:
-        models = client.gpus()
-        fits = {a.model: a for a in client.template_availability(template)} if template else {}
+        models = client.catalog.gpus()
+        fits = {a.model: a for a in client.templates.availability(template)} if template else {}
     if output is OutputFormat.json:
         if not template:
             print_json(models)
@@ -114,7 +119,7 @@ def templates(ctx: typer.Context, output: OutputOption = OutputFormat.table) -> 
     if ctx.invoked_subcommand is not None:
         return
     with logged_in_client() as client:
-        found = client.templates()
+        found = client.templates.list()
     if output is OutputFormat.json:
         print_json(found)
         return
@@ -141,11 +146,11 @@ def save(
 ) -> None:
     """Save a running instance's environment (its venv's `pip freeze`) as your template."""
     with logged_in_client() as client:
-        saved = client.save_template(instance, name)
+        saved = client.templates.save(instance, TemplateSave(name=name))
         deadline = time.monotonic() + SAVE_TIMEOUT_S
         while wait and saved.status == "pending" and time.monotonic() < deadline:
             time.sleep(SAVE_POLL_S)
-            saved = next((t for t in client.templates() if t.name == saved.name), saved)
+            saved = next((t for t in client.templates.list() if t.name == saved.name), saved)
     if output is OutputFormat.json:
         print_json(saved)
         return
@@ -168,14 +173,14 @@ def remove(
 ) -> None:
     """Delete one of your own templates."""
     with logged_in_client() as client:
-        client.delete_template(name)
+        client.templates.delete(name)
     console().print(f"deleted mine/{name.removeprefix('mine/')}")
 
 
 def nodes(output: OutputOption = OutputFormat.table) -> None:
     """GPU hosts and their state (admins only)."""
     with logged_in_client() as client:
-        found = client.nodes()
+        found = client.catalog.nodes()
     if output is OutputFormat.json:
         print_json(found)
         return

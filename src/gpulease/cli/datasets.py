@@ -17,7 +17,6 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease.cli.connection import logged_in_client
 from gpulease.cli.output import (
@@ -97,7 +96,7 @@ def push(
     with logged_in_client() as client:
         try:
             with progress.bar:
-                result = client.push_dataset(directory, name, progress=progress)
+                result = client.datasets.push(directory, name, progress=progress)
         except KeyboardInterrupt:
             note(
                 "interrupted: run the same command again to resume; only what the server "
@@ -131,7 +130,7 @@ def push(
 def list_(output: OutputOption = OutputFormat.table) -> None:
     """Your datasets and your storage use."""
     with logged_in_client() as client:
-        found = client.list_datasets()
+        found = client.datasets.list()
     if output is OutputFormat.json:
         print_json(found)
         return
@@ -157,7 +156,7 @@ def list_(output: OutputOption = OutputFormat.table) -> None:
 def show(name: NameArgument, output: OutputOption = OutputFormat.table) -> None:
     """A dataset: its versions and its recent pushes."""
     with logged_in_client() as client:
-        detail = client.get_dataset(name)
+        detail = client.datasets.get(name)
     if output is OutputFormat.json:
         print_json(detail)
         return
@@ -203,7 +202,7 @@ def show(name: NameArgument, output: OutputOption = OutputFormat.table) -> None:
 def remove(name: NameArgument, output: OutputOption = OutputFormat.table) -> None:
     """Remove a dataset and all its versions (refused while an instance mounts it)."""
     with logged_in_client() as client:
-        removed = client.remove_dataset(name)
+        removed = client.datasets.remove(name)
     if output is OutputFormat.json:
         print_json(removed)
         return
@@ -216,6 +215,8 @@ def remove(name: NameArgument, output: OutputOption = OutputFormat.table) -> Non
 def rotate_master_key() -> None:
     """Re-wrap every dataset key under a new master key (run it on the server host, with
     the server's GPULEASE_* settings). The data stays readable; the old key stops working."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from gpulease.cli.server import settings_error_text
     from gpulease.core.errors import GpuleaseError
     from gpulease.server.db import make_engine, make_sessionmaker

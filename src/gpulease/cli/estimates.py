@@ -56,7 +56,7 @@ def estimate(
     """Expected GPU-hours, wall time, NCU and cost of training an image classifier, for
     every GPU model in this server's catalog, at its prices."""
     with logged_in_client() as client:
-        found = client.estimate(model, images, epochs, image_size=image_size, gpus=gpus)
+        found = client.estimates.get(model, images, epochs, image_size=image_size, gpus=gpus)
     if output is OutputFormat.json:
         print_json(found)
         return

@@ -24,7 +24,7 @@ from gpulease.cli.output import (
     when,
 )
 from gpulease.client import GpuleaseClient, InstanceRef
-from gpulease.schemas.instances import InstancePublic
+from gpulease.schemas.instances import InstanceCreate, InstancePublic, InstanceStart
 
 # How often waiting commands poll an instance that is queued or starting.
 POLL_INTERVAL_S = 1.0
@@ -60,7 +60,7 @@ def status_text(instance: InstancePublic) -> str:
 def wait_until_started(client: GpuleaseClient, ref: InstanceRef) -> InstancePublic:
     """Poll while the instance is queued or starting, showing its progress on stderr;
     returns it once it is running, or stopped, failed or released instead."""
-    instance = client.get_instance(ref)
+    instance = client.instances.get(ref)
     if instance.status not in WAITING:
         return instance
     err = err_console()
@@ -74,7 +74,7 @@ def wait_until_started(client: GpuleaseClient, ref: InstanceRef) -> InstancePubl
     try:
         while instance.status in WAITING:
             time.sleep(POLL_INTERVAL_S)
-            instance = client.get_instance(ref)
+            instance = client.instances.get(ref)
             new_line = f"instance {instance.name}: {status_text(instance)}"
             if new_line != line:
                 line = new_line
@@ -133,21 +133,23 @@ def create(
     """Rent an instance. It is queued until its GPUs are free, then starts."""
     with logged_in_client() as client:
         if plan == "daily" and not yes:
-            (rules,) = [q.rules for q in client.plans(gpu or "CPU") if q.plan == "daily"]
+            (rules,) = [q.rules for q in client.billing.plans(gpu or "CPU") if q.plan == "daily"]
             err_console().print(rules, markup=False)
             if not typer.confirm("Buy a daily block on these terms?", err=True):
                 fail("not created", 1)
-        instance = client.create_instance(
-            gpu,
-            template,
-            name=name,
-            datasets=dataset or (),
-            plan=plan,
-            team=team,
-            start_when_cheap=when_cheap,
-            auto_renew=auto_renew,
-            idle_minutes=idle_minutes,
-            max_runtime_minutes=max_runtime,
+        instance = client.instances.create(
+            InstanceCreate(
+                gpu=gpu,
+                template=template,
+                name=name,
+                datasets=list(dataset or ()),
+                plan=plan,
+                team=team,
+                start_when_cheap=when_cheap,
+                auto_renew=auto_renew,
+                idle_minutes=idle_minutes,
+                max_runtime_minutes=max_runtime,
+            )
         )
         if output is OutputFormat.table:
             _print_instance_line(instance, "created")
@@ -168,7 +170,7 @@ def list_(
 ) -> None:
     """Your instances."""
     with logged_in_client() as client:
-        found = client.list_instances(include_released=all_)
+        found = client.instances.list(include_released=all_)
     if output is OutputFormat.json:
         print_json(found)
         return
@@ -195,7 +197,7 @@ def list_(
 def show(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
     """One instance in detail."""
     with logged_in_client() as client:
-        i = client.get_instance(ref)
+        i = client.instances.get(ref)
     if output is OutputFormat.json:
         print_json(i)
         return
@@ -245,13 +247,13 @@ def release(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None
 def _act(ref: str, action: str, output: OutputFormat) -> None:
     with logged_in_client() as client:
         if action == "stop":
-            instance = client.stop_instance(ref)
+            instance = client.instances.stop(ref)
         elif action == "start":
-            instance = client.start_instance(ref)
+            instance = client.instances.start(ref)
         elif action == "start-no-gpu":
-            instance = client.start_instance(ref, no_gpu=True)
+            instance = client.instances.start(ref, InstanceStart(no_gpu=True))
         else:
-            instance = client.release_instance(ref)
+            instance = client.instances.release(ref)
     if output is OutputFormat.json:
         print_json(instance)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 from typer.core import TyperGroup
 
 from gpulease.cli import accounts, backup, billing, catalog, instances, runs, server, wallets
@@ -31,6 +32,17 @@ class _ReportingGroup(TyperGroup):
             fail(exc.message, 1)
         except GpuleaseError as exc:
             fail(exc.message, 2 if isinstance(exc, InvalidInput) else 1)
+        except ValidationError as exc:  # a request body the SDK refused to send
+            fail(_invalid_body_text(exc), 2)
+
+
+def _invalid_body_text(exc: ValidationError) -> str:
+    """Pydantic's complaint about a request body, one `field: problem` per error."""
+    parts = []
+    for problem in exc.errors():
+        where = ".".join(str(p) for p in problem.get("loc", ()))
+        parts.append(f"{where}: {problem['msg']}" if where else str(problem["msg"]))
+    return "; ".join(parts)
 
 
 app = typer.Typer(

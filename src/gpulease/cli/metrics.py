@@ -30,7 +30,7 @@ def metrics(
     -o json prints each curve too (downsampled to --max-points, extremes kept).
     """
     with logged_in_client() as client:
-        found = client.run_metrics(run_id, key or None, max_points=max_points)
+        found = client.runs.metrics(run_id, key or None, max_points=max_points)
     if output is OutputFormat.json:
         print_json(found)
         return

@@ -34,9 +34,11 @@ from gpulease.client import (
     LogEvent,
     WorkdirArchive,
     pack_workdir,
+    position,
 )
 from gpulease.core.taskspec import TaskSpec, parse_task
-from gpulease.schemas.runs import LogChunkPublic
+from gpulease.schemas.instances import InstanceCreate
+from gpulease.schemas.runs import LogChunkPublic, RunCreate
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXIT_INTERRUPTED = 130
@@ -90,7 +92,10 @@ class _ReconnectNotice:
 
 def stream_run(client: GpuleaseClient, run_id: int, after: int = -1) -> EndEvent:
     """Print the run's output live until it ends; survives server restarts."""
-    for event in client.follow_logs(run_id, after, on_reconnect=_ReconnectNotice()):
+    events = client.runs.stream(
+        run_id, position(after), metrics=False, on_reconnect=_ReconnectNotice()
+    )
+    for event in events:
         if isinstance(event, LogEvent):
             write_chunk(event.chunk)
         elif isinstance(event, EndEvent):
@@ -107,7 +112,7 @@ def exit_code_of(client: GpuleaseClient, run_id: int, end: EndEvent) -> int:
         return end.exit_code if end.exit_code <= 255 else 1
     if end.status == "succeeded":
         return 0
-    run = client.get_run(run_id)
+    run = client.runs.get(run_id)
     why = f": {run.status_reason}" if run.status_reason else " without an exit code"
     error(f"run {run_id} {run.status}{why}")
     return 1
@@ -124,7 +129,7 @@ def exec_(
     """
     variables = parse_env(env)
     with logged_in_client() as client:
-        run = client.create_run(ref, command_text(command), variables)
+        run = client.runs.create(ref, RunCreate(command=command_text(command), env=variables))
         note(f"run {run.id} on instance {ref}")
         try:
             end = stream_run(client, run.id)
@@ -240,25 +245,28 @@ def run(
 
 
 def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | None) -> int:
-    instance = client.create_instance(
-        spec.accelerators,
-        spec.template,
-        name=instance_name_for(spec.name),
-        auto_release=True,
-        awaiting_workdir=archive is not None,
-        datasets=spec.datasets,
-        plan="spot" if spec.use_spot else "on_demand",
-        team=spec.team,
-        start_when_cheap=spec.start_when_cheap,
+    instance = client.instances.create(
+        InstanceCreate(
+            gpu=spec.accelerators,
+            template=spec.template,
+            name=instance_name_for(spec.name),
+            auto_release=True,
+            awaiting_workdir=archive is not None,
+            datasets=spec.datasets,
+            plan="spot" if spec.use_spot else "on_demand",
+            team=spec.team,
+            start_when_cheap=spec.start_when_cheap,
+        )
     )
     note(f"instance {instance.id} {instance.name}: {status_text(instance)}")
     try:
         try:
             if archive is not None:
-                client.upload_workdir(instance.id, archive)
+                client.instances.upload_workdir(instance.id, archive)
                 note(f"workdir uploaded ({archive.files} files, {archive.size:,} bytes)")
-            run = client.create_run(
-                instance.id, spec.script(), spec.envs, stop_instance_on_exit=True
+            run = client.runs.create(
+                instance.id,
+                RunCreate(command=spec.script(), env=spec.envs, stop_instance_on_exit=True),
             )
         except ClientError as exc:
             explained = _explained(client, instance.id, exc)
@@ -279,7 +287,7 @@ def _explained(client: GpuleaseClient, instance_id: int, exc: ClientError) -> Cl
     """A refusal because the instance failed already (its runner could not start, say) is
     better told by the instance's own reason."""
     try:
-        instance = client.get_instance(instance_id)
+        instance = client.instances.get(instance_id)
     except ClientError:
         return exc
     if instance.status == "failed":
@@ -289,7 +297,7 @@ def _explained(client: GpuleaseClient, instance_id: int, exc: ClientError) -> Cl
 
 def _release(client: GpuleaseClient, instance_id: int, name: str) -> None:
     try:
-        client.release_instance(instance_id)
+        client.instances.release(instance_id)
     except ClientError as exc:
         error(
             f"could not release instance {name}: {exc.message}; "
@@ -313,7 +321,7 @@ def logs(
             return
         after = -1
         while True:
-            page = client.read_logs(run_id, after, limit=5000)
+            page = client.runs.logs(run_id, after, limit=5000)
             for chunk in page.chunks:
                 write_chunk(chunk)
             if not page.chunks:
@@ -329,12 +337,12 @@ def runs(
 ) -> None:
     """Your runs, newest first."""
     with logged_in_client() as client:
-        instance_id = client.get_instance(instance).id if instance is not None else None
-        found = client.list_runs(instance_id=instance_id)
+        instance_id = client.instances.get(instance).id if instance is not None else None
+        found = client.runs.list(instance_id=instance_id)
         if output is OutputFormat.json:
             print_json(found)
             return
-        names = {i.id: i.name for i in client.list_instances(include_released=True)}
+        names = {i.id: i.name for i in client.instances.list(include_released=True)}
     result = table("ID", "INSTANCE", "STATUS", "EXIT", "COMMAND", "CREATED", "FINISHED")
     for r in found:
         lines = r.command.strip().splitlines() or [""]

@@ -8,21 +8,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.markup import escape
-from sqlalchemy import select
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
 
 from gpulease import __version__
 from gpulease.cli.output import console, fail
 from gpulease.core.errors import GpuleaseError
-from gpulease.server.db import normalize_url, transaction
-from gpulease.server.settings import Settings
 
 if TYPE_CHECKING:
     from gpulease.server.runtime import Runtime
+    from gpulease.server.settings import Settings
 
-# The server's own modules (FastAPI, the reconcilers, uvicorn) load inside the commands
-# that need them: every other CLI command starts faster without them.
+# The server's own modules (SQLAlchemy, FastAPI, the reconcilers, uvicorn) load inside the
+# commands that need them: every other CLI command starts without them
+# (tests/cli/test_cli_imports.py holds this).
 
 GRACEFUL_SHUTDOWN_S = 5
 
@@ -38,6 +35,10 @@ def settings_error_text(exc: ValidationError) -> str:
 
 
 def database_text(settings: Settings) -> str:
+    from sqlalchemy.engine import make_url
+
+    from gpulease.server.db import normalize_url
+
     url = make_url(normalize_url(settings.db_url))
     if url.get_backend_name() == "sqlite":
         return f"SQLite {url.database}"
@@ -45,6 +46,9 @@ def database_text(settings: Settings) -> str:
 
 
 def node_gpus_text(rt: Runtime) -> str:
+    from sqlalchemy import select
+
+    from gpulease.server.db import transaction
     from gpulease.server.orm import Node
 
     with transaction(rt.sessions) as session:
@@ -66,10 +70,12 @@ def server(
 ) -> None:
     """Run the gpulease server here (settings from GPULEASE_* environment variables)."""
     import uvicorn
+    from sqlalchemy.exc import SQLAlchemyError
 
     from gpulease.server.app import create_app
     from gpulease.server.isolation import UNSANDBOXED_WARNING
     from gpulease.server.runtime import build_runtime
+    from gpulease.server.settings import Settings
     from gpulease.server.tls import prepare_tls
 
     overrides: dict[str, Any] = {}

@@ -46,9 +46,9 @@ def statement(
     """Your usage and charges for a period: by GPU model, day, instance and kind."""
     with logged_in_client() as client:
         if output is ReportFormat.csv:
-            typer.echo(client.statement_csv(start, end, tz=tz), nl=False)
+            typer.echo(client.statements.csv(start, end, tz=tz), nl=False)
             return
-        found = client.statement(start, end, tz=tz)
+        found = client.statements.get(start, end, tz=tz)
     if output is ReportFormat.json:
         print_json(found)
         return
@@ -91,9 +91,9 @@ def revenue(
     """Revenue and GPU-hours sold per GPU model per day (admins only)."""
     with logged_in_client() as client:
         if output is ReportFormat.csv:
-            typer.echo(client.admin_revenue_csv(start, end, tz=tz), nl=False)
+            typer.echo(client.statements.revenue_csv(start, end, tz=tz), nl=False)
             return
-        found = client.admin_revenue(start, end, tz=tz)
+        found = client.statements.revenue(start, end, tz=tz)
     if output is ReportFormat.json:
         print_json(found)
         return

@@ -22,7 +22,7 @@ from gpulease.cli.output import (
     table,
     when,
 )
-from gpulease.schemas.support import SupportTicketDetail
+from gpulease.schemas.support import SupportReply, SupportTicketCreate, SupportTicketDetail
 
 ticket_app = typer.Typer(
     help="Support tickets: ask the operators for help, read and answer their replies.",
@@ -89,8 +89,14 @@ def open_(
 ) -> None:
     """Open a ticket; support answers in the console and you are notified."""
     with logged_in_client() as client:
-        ticket = client.open_ticket(
-            subject, _text(message), instance=instance, run_id=run, attach_log=attach_log
+        ticket = client.support.open(
+            SupportTicketCreate(
+                subject=subject,
+                body=_text(message),
+                instance=instance,
+                run_id=run,
+                attach_log=attach_log,
+            )
         )
     if output is OutputFormat.json:
         print_json(ticket)
@@ -102,7 +108,7 @@ def open_(
 def list_(output: OutputOption = OutputFormat.table) -> None:
     """Your tickets (an admin: everyone's), latest activity first."""
     with logged_in_client() as client:
-        found = client.tickets()
+        found = client.support.list()
     if output is OutputFormat.json:
         print_json(found)
         return
@@ -118,7 +124,7 @@ def list_(output: OutputOption = OutputFormat.table) -> None:
 def show(ticket_id: TicketArgument, output: OutputOption = OutputFormat.table) -> None:
     """A ticket and its messages."""
     with logged_in_client() as client:
-        ticket = client.ticket(ticket_id)
+        ticket = client.support.get(ticket_id)
     if output is OutputFormat.json:
         print_json(ticket)
         return
@@ -133,7 +139,7 @@ def reply(
 ) -> None:
     """Add a message (an admin's answers the ticket; the owner's reopens it)."""
     with logged_in_client() as client:
-        ticket = client.reply_ticket(ticket_id, _text(message))
+        ticket = client.support.reply(ticket_id, SupportReply(body=_text(message)))
     if output is OutputFormat.json:
         print_json(ticket)
         return
@@ -144,5 +150,5 @@ def reply(
 def close(ticket_id: TicketArgument) -> None:
     """Close a ticket (a reply opens it again)."""
     with logged_in_client() as client:
-        ticket = client.close_ticket(ticket_id)
+        ticket = client.support.close(ticket_id)
     note(f"ticket #{ticket.id} closed")

@@ -19,7 +19,18 @@ from gpulease.cli.output import (
     when,
 )
 from gpulease.core.money import format_credits
-from gpulease.schemas.billing import LimitsPublic, TeamPublic
+from gpulease.schemas.billing import (
+    AdminLimitsUpdate,
+    LimitsPublic,
+    LimitsUpdate,
+    OffPeakCreate,
+    TeamCreate,
+    TeamMemberUpdate,
+    TeamPublic,
+    VoucherCreate,
+    VoucherRedeem,
+)
+from gpulease.schemas.ledger import GrantCreate
 
 
 def _money(micro: int | None) -> str:
@@ -32,7 +43,7 @@ def plans(
 ) -> None:
     """Prices of each plan for a GPU request, and the rules you accept by choosing one."""
     with logged_in_client() as client:
-        quotes = client.plans(gpu)
+        quotes = client.billing.plans(gpu)
     if output is OutputFormat.json:
         print_json(quotes)
         return
@@ -45,7 +56,7 @@ def plans(
 def offpeak(output: OutputOption = OutputFormat.table) -> None:
     """Off-peak windows: when GPUs cost less."""
     with logged_in_client() as client:
-        windows = client.offpeak_windows()
+        windows = client.billing.offpeak()
     if output is OutputFormat.json:
         print_json(windows)
         return
@@ -62,7 +73,7 @@ voucher_app = typer.Typer(help="Redeem credit vouchers.", no_args_is_help=True)
 def redeem(code: Annotated[str, typer.Argument(help="the voucher code")]) -> None:
     """Add a voucher's credit to your wallet."""
     with logged_in_client() as client:
-        found = client.redeem_voucher(code)
+        found = client.billing.redeem(VoucherRedeem(code=code))
     console().print(f"redeemed; your balance is {found.balance} {found.currency}", markup=False)
 
 
@@ -92,7 +103,7 @@ def _show_limits(found: LimitsPublic, output: OutputFormat) -> None:
 def show_limits(output: OutputOption = OutputFormat.table) -> None:
     """Your caps and what you spend against them."""
     with logged_in_client() as client:
-        _show_limits(client.limits(), output)
+        _show_limits(client.billing.limits(), output)
 
 
 @limits_app.command("set")
@@ -111,8 +122,10 @@ def set_limits(
     """Set your caps (leave an option out to remove that cap)."""
     with logged_in_client() as client:
         _show_limits(
-            client.set_limits(
-                max_hourly=max_hourly, monthly_budget=monthly_budget, low_balance=low_balance
+            client.billing.set_limits(
+                LimitsUpdate(
+                    max_hourly=max_hourly, monthly_budget=monthly_budget, low_balance=low_balance
+                )
             ),
             output,
         )
@@ -136,14 +149,14 @@ def _show_team(team: TeamPublic, output: OutputFormat) -> None:
 def create_team(name: str, output: OutputOption = OutputFormat.table) -> None:
     """Create a team; you own it and its wallet."""
     with logged_in_client() as client:
-        _show_team(client.create_team(name), output)
+        _show_team(client.teams.create(TeamCreate(name=name)), output)
 
 
 @team_app.command("ls")
 def list_teams(output: OutputOption = OutputFormat.table) -> None:
     """Teams you belong to."""
     with logged_in_client() as client:
-        found = client.teams()
+        found = client.teams.list()
     if output is OutputFormat.json:
         print_json(found)
         return
@@ -157,7 +170,7 @@ def list_teams(output: OutputOption = OutputFormat.table) -> None:
 def show_team(name: str, output: OutputOption = OutputFormat.table) -> None:
     """A team's balance and each member's spending (owners see everyone)."""
     with logged_in_client() as client:
-        _show_team(client.team(name), output)
+        _show_team(client.teams.get(name), output)
 
 
 @team_app.command("add")
@@ -171,14 +184,17 @@ def add_member(
 ) -> None:
     """Add a member (or change their limit). Owners only."""
     with logged_in_client() as client:
-        _show_team(client.set_team_member(team, user, monthly_limit), output)
+        _show_team(
+            client.teams.set_member(team, user, TeamMemberUpdate(monthly_limit=monthly_limit)),
+            output,
+        )
 
 
 @team_app.command("rm")
 def remove_member(team: str, user: str) -> None:
     """Remove a member. Owners only."""
     with logged_in_client() as client:
-        client.remove_team_member(team, user)
+        client.teams.remove_member(team, user)
     console().print(f"removed {user} from {team}", markup=False)
 
 
@@ -194,7 +210,9 @@ def admin_offpeak_add(
 ) -> None:
     """Add an off-peak window (segments opened from now on get its discount)."""
     with logged_in_client() as client:
-        w = client.admin_add_offpeak(days, start, end, discount)
+        w = client.admin.add_offpeak(
+            OffPeakCreate(weekdays=days, start=start, end=end, discount=discount)
+        )
     if output is OutputFormat.json:
         print_json(w)
         return
@@ -208,7 +226,7 @@ def admin_offpeak_add(
 def admin_offpeak_rm(window_id: int) -> None:
     """Remove an off-peak window."""
     with logged_in_client() as client:
-        client.admin_remove_offpeak(window_id)
+        client.admin.remove_offpeak(window_id)
     console().print(f"removed window {window_id}", markup=False)
 
 
@@ -224,8 +242,14 @@ def admin_voucher_create(
 ) -> None:
     """Issue a voucher."""
     with logged_in_client() as client:
-        v = client.admin_create_voucher(
-            amount, code=code, expires_at=expires, max_redemptions=uses, per_user_limit=per_user
+        v = client.admin.create_voucher(
+            VoucherCreate(
+                amount=amount,
+                code=code,
+                expires_at=expires,
+                max_redemptions=uses,
+                per_user_limit=per_user,
+            )
         )
     if output is OutputFormat.json:
         print_json(v)
@@ -236,7 +260,7 @@ def admin_voucher_create(
 def admin_voucher_ls(output: OutputOption = OutputFormat.table) -> None:
     """Issued vouchers and their use."""
     with logged_in_client() as client:
-        found = client.admin_vouchers()
+        found = client.admin.vouchers()
     if output is OutputFormat.json:
         print_json(found)
         return
@@ -255,7 +279,9 @@ def admin_limits(
     """Set a user's ceilings (leave an option out to remove it)."""
     with logged_in_client() as client:
         _show_limits(
-            client.admin_set_limits(user, max_hourly=max_hourly, monthly_budget=monthly_budget),
+            client.admin.set_limits(
+                user, AdminLimitsUpdate(max_hourly=max_hourly, monthly_budget=monthly_budget)
+            ),
             output,
         )
 
@@ -267,5 +293,5 @@ def admin_grant_team(
 ) -> None:
     """Give a team's wallet credit."""
     with logged_in_client() as client:
-        line = client.admin_grant_team(team, amount, memo=memo)
+        line = client.admin.grant(GrantCreate(team=team, amount=amount, memo=memo))
     console().print(f"granted {line.amount} to team {team}", markup=False)

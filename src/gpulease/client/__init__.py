@@ -1,6 +1,7 @@
 """The gpulease SDK: the one HTTP client of the project (the CLI and training scripts use it)."""
 
-from gpulease.client.api import GpuleaseClient, InstanceRef
+from gpulease.client.api import GpuleaseClient
+from gpulease.client.base import InstanceRef
 from gpulease.client.config import Login, config_path, load_saved, resolve_login, save_login
 from gpulease.client.datasets import DatasetError, PushProgress, PushResult, scan_directory
 from gpulease.client.errors import (
@@ -10,10 +11,19 @@ from gpulease.client.errors import (
     ServerUnreachable,
     WorkdirError,
 )
-from gpulease.client.logstream import EndEvent, LogEvent, LogStreamEvent, StatusEvent
+from gpulease.client.runstream import (
+    START,
+    EndEvent,
+    LogEvent,
+    MetricEvent,
+    RunStreamEvent,
+    StatusEvent,
+    position,
+)
 from gpulease.client.workdir import WorkdirArchive, pack_workdir
 
 __all__ = [
+    "START",
     "ApiError",
     "ClientError",
     "DatasetError",
@@ -21,11 +31,12 @@ __all__ = [
     "GpuleaseClient",
     "InstanceRef",
     "LogEvent",
-    "LogStreamEvent",
     "Login",
+    "MetricEvent",
     "NotLoggedIn",
     "PushProgress",
     "PushResult",
+    "RunStreamEvent",
     "ServerUnreachable",
     "StatusEvent",
     "WorkdirArchive",
@@ -33,6 +44,7 @@ __all__ = [
     "config_path",
     "load_saved",
     "pack_workdir",
+    "position",
     "resolve_login",
     "save_login",
     "scan_directory",

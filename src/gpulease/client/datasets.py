@@ -15,16 +15,26 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from gpulease.client.base import Resource, path_part
 from gpulease.client.errors import ClientError
 from gpulease.core.datasets import check_dataset_name, path_problem
 from gpulease.core.errors import InvalidInput
-from gpulease.schemas.datasets import DatasetChunksReceived, DatasetPublic
+from gpulease.schemas.datasets import (
+    DatasetChunksReceived,
+    DatasetCommit,
+    DatasetDetail,
+    DatasetFileEntry,
+    DatasetFilesPart,
+    DatasetList,
+    DatasetMissingChunks,
+    DatasetPublic,
+    DatasetRemoved,
+    DatasetUploadCreate,
+    DatasetUploadPublic,
+)
 from gpulease.storage.chunking import ChunkRef, chunk_digests, file_chunks, pack, read_chunk
-
-if TYPE_CHECKING:
-    from gpulease.client.api import GpuleaseClient
 
 PART_FILES = 2000
 PACK_BYTES = 8 * 1024 * 1024
@@ -154,7 +164,7 @@ def _parts(files: list[LocalFile], size: int) -> Iterator[list[LocalFile]]:
 
 
 def push_directory(
-    client: GpuleaseClient,
+    datasets: DatasetsAPI,
     root: Path,
     name: str,
     *,
@@ -173,13 +183,13 @@ def push_directory(
     total = sum(f.size for f in files)
     if progress is not None:
         progress.started(len(files), total)
-    push = client.start_push(name, files=len(files), size=total)
+    push = datasets.start_push(DatasetUploadCreate(name=name, files=len(files), bytes=total))
     queued: set[str] = set()  # chunks on their way in this push: send each once
     sent = [0, 0]
     in_flight: set[Future[DatasetChunksReceived]] = set()
 
     def send(records: list[tuple[str, bytes]]) -> DatasetChunksReceived:
-        return client.push_chunks(name, push.id, pack(records))
+        return datasets.push_chunks(name, push.id, pack(records))
 
     def settle(block: bool) -> None:
         while in_flight and (block or len(in_flight) >= threads * 2):
@@ -205,10 +215,10 @@ def push_directory(
             if number + 1 < len(batches):  # hash the next part while this one is sent
                 coming = ahead.submit(_hash_part, batches[number + 1], readers)
             entries = [
-                {"path": f.path, "size": f.size, "chunks": [r.sha256 for r in refs]}
+                DatasetFileEntry(path=f.path, size=f.size, chunks=[r.sha256 for r in refs])
                 for f, refs in zip(part.files, part.chunks, strict=True)
             ]
-            answer = client.push_files(name, push.id, number, entries)
+            answer = datasets.push_files(name, push.id, number, DatasetFilesPart(files=entries))
             part_count = number + 1
             missing = set(answer.missing) - queued
             queued |= missing
@@ -240,7 +250,8 @@ def push_directory(
             if progress is not None:
                 progress.advanced(len(batch), known)
         settle(block=True)
-        dataset = client.commit_push(name, push.id, parts=part_count, files=len(files), size=total)
+        commit = DatasetCommit(parts=part_count, files=len(files), bytes=total)
+        dataset = datasets.commit_push(name, push.id, commit)
     finally:
         ahead.shutdown(wait=True, cancel_futures=True)
         readers.shutdown(wait=True, cancel_futures=True)
@@ -254,3 +265,54 @@ def push_directory(
         sent_bytes=sent[1],
         seconds=time.monotonic() - started,
     )
+
+
+class DatasetsAPI(Resource):
+    """`client.datasets`: your datasets, and the push protocol that push() drives."""
+
+    def list(self) -> DatasetList:
+        """Your datasets, and your storage use against your quota."""
+        return self._api.one(DatasetList, "GET", "/datasets")
+
+    def get(self, name: str) -> DatasetDetail:
+        """A dataset with its versions, its recent pushes and the instances mounting it."""
+        return self._api.one(DatasetDetail, "GET", f"/datasets/{path_part(name)}")
+
+    def remove(self, name: str) -> DatasetRemoved:
+        return self._api.one(DatasetRemoved, "DELETE", f"/datasets/{path_part(name)}")
+
+    def push(
+        self, directory: Path, name: str, *, progress: PushProgress | None = None
+    ) -> PushResult:
+        """Push a directory as a new version of dataset `name` (see push_directory)."""
+        return push_directory(self, directory, name, progress=progress)
+
+    # The push protocol, step by step.
+
+    def start_push(self, body: DatasetUploadCreate) -> DatasetUploadPublic:
+        path = f"/datasets/{path_part(body.name)}/pushes"
+        return self._api.one(DatasetUploadPublic, "POST", path, body=body)
+
+    def get_push(self, name: str, push_id: int) -> DatasetUploadPublic:
+        path = f"/datasets/{path_part(name)}/pushes/{int(push_id)}"
+        return self._api.one(DatasetUploadPublic, "GET", path)
+
+    def push_files(
+        self, name: str, push_id: int, part: int, body: DatasetFilesPart
+    ) -> DatasetMissingChunks:
+        """Send part `part` of the file list; the answer names the chunks to send."""
+        path = f"/datasets/{path_part(name)}/pushes/{int(push_id)}/files/{int(part)}"
+        return self._api.one(DatasetMissingChunks, "PUT", path, body=body)
+
+    def push_chunks(self, name: str, push_id: int, packed: bytes) -> DatasetChunksReceived:
+        """Send a chunk pack (gpulease.storage.chunking.pack) of plaintext chunks."""
+        path = f"/datasets/{path_part(name)}/pushes/{int(push_id)}/chunks"
+        headers = {"Content-Type": "application/octet-stream"}
+        return self._api.one(DatasetChunksReceived, "POST", path, content=packed, headers=headers)
+
+    def commit_push(self, name: str, push_id: int, body: DatasetCommit) -> DatasetPublic:
+        path = f"/datasets/{path_part(name)}/pushes/{int(push_id)}/commit"
+        return self._api.one(DatasetPublic, "POST", path, body=body)
+
+    def abandon_push(self, name: str, push_id: int) -> None:
+        self._api.send("DELETE", f"/datasets/{path_part(name)}/pushes/{int(push_id)}")

@@ -8,12 +8,24 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from gpulease.client.logstream import EndEvent, LogEvent, StatusEvent, StreamProtocolError
+from gpulease.client.base import StreamProtocolError
 from gpulease.schemas.metrics import MetricPointPublic
 from gpulease.schemas.runs import LogChunkPublic, RunPublic
 
 START = "-1:0"
 """The stream position before everything: every log chunk and metric point."""
+
+
+def position(log_seq: int = -1, point_id: int = 0) -> str:
+    """The stream position after log chunk `log_seq` and metric point `point_id`."""
+    return f"{int(log_seq)}:{int(point_id)}"
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """One chunk of the run's output; `chunk.seq` counts from 0 without gaps."""
+
+    chunk: LogChunkPublic
 
 
 @dataclass(frozen=True)
@@ -23,17 +35,32 @@ class MetricEvent:
     points: list[MetricPointPublic]
 
 
+@dataclass(frozen=True)
+class StatusEvent:
+    """The run changed status (pending, running, succeeded, failed)."""
+
+    run: RunPublic
+
+
+@dataclass(frozen=True)
+class EndEvent:
+    """The run is over and everything it logged and reported was sent: the last event."""
+
+    status: str
+    exit_code: int | None
+
+
 RunStreamEvent = LogEvent | MetricEvent | StatusEvent | EndEvent
 
 
 @dataclass(frozen=True)
-class SseEvent:
+class SseMessage:
     id: str | None
     event: str
     data: str
 
 
-def parse_sse_events(lines: Iterable[str]) -> Iterator[SseEvent]:
+def parse_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
     """Server-sent events with their ids, from text lines (without line ends). A message is
     only complete at its blank line, so one cut off by a dropped connection is never used."""
     event: str = "message"
@@ -42,7 +69,7 @@ def parse_sse_events(lines: Iterable[str]) -> Iterator[SseEvent]:
     for line in lines:
         if not line:
             if data:
-                yield SseEvent(event_id, event, "\n".join(data))
+                yield SseMessage(event_id, event, "\n".join(data))
             event, event_id, data = "message", None, []
         elif line.startswith(":"):
             continue  # the server's keep-alive
@@ -57,7 +84,7 @@ def parse_sse_events(lines: Iterable[str]) -> Iterator[SseEvent]:
                 event_id = value
 
 
-def decode_run_event(message: SseEvent) -> RunStreamEvent | None:
+def decode_event(message: SseMessage) -> RunStreamEvent | None:
     """The typed event; None for kinds this client does not know."""
     try:
         if message.event == "log":

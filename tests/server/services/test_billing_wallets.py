@@ -238,7 +238,7 @@ def test_dataset_storage_is_billed_once_per_stored_chunk(
 
     data = b"x" * (3 * 1024 * 1024)
     tree = write_tree(tmp_path / "cats", {"a.bin": data, "copy/a.bin": data})  # stored once
-    sdk(ann).push_dataset(tree, "cats")
+    sdk(ann).datasets.push(tree, "cats")
     billing.dataset_storage(rt)
     with transaction(rt.sessions) as session:
         meter = session.scalars(select(StorageMeter).where(StorageMeter.kind == "datasets")).one()

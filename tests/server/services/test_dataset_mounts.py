@@ -54,7 +54,7 @@ def pushed(ann: Caller, tmp_path: Path) -> dict[str, str]:
         tmp_path / "imgs",
         {"empty.txt": b"", "deep/a/b/big.bin": hashlib.sha256(b"x").digest() * (CHUNK_SIZE // 16)},
     )
-    sdk(ann).push_dataset(tmp_path / "imgs", "imgs")
+    sdk(ann).datasets.push(tmp_path / "imgs", "imgs")
     return tree_digests(tmp_path / "imgs")
 
 
@@ -96,7 +96,7 @@ def test_a_new_push_is_a_new_version_and_old_instances_keep_theirs(
 ) -> None:
     _, old = _instance_with(ann, tick, backend, ["imgs"])
     (tmp_path / "imgs" / "new.txt").write_bytes(b"new file")
-    sdk(ann).push_dataset(tmp_path / "imgs", "imgs")
+    sdk(ann).datasets.push(tmp_path / "imgs", "imgs")
     _, new = _instance_with(ann, tick, backend, ["imgs"])
     old_dir = _materialise(http, old, tmp_path / "cache")[0]["imgs"]
     new_dir = _materialise(http, new, tmp_path / "cache")[0]["imgs"]
@@ -179,7 +179,7 @@ def test_master_key_rotation_keeps_data_readable(
     _, spec = _instance_with(ann, tick, backend, ["imgs"])
     assert tree_digests(_materialise(http, spec, tmp_path / "cache")[0]["imgs"]) == pushed
     (tmp_path / "imgs" / "more.txt").write_bytes(b"after the rotation")
-    assert sdk(ann).push_dataset(tmp_path / "imgs", "imgs").sent_bytes == 18
+    assert sdk(ann).datasets.push(tmp_path / "imgs", "imgs").sent_bytes == 18
 
 
 def test_interrupted_rotations_are_settled_at_start(rt: Runtime, pushed: dict[str, str]) -> None:

@@ -49,25 +49,25 @@ def test_push_versions_and_dedup(ann: Caller, tmp_path: Path) -> None:
             "deep/er/big.bin": big,
         },
     )
-    first = client.push_dataset(tree, "cats")
+    first = client.datasets.push(tree, "cats")
     assert first.dataset.current_version == 1 and first.dataset.file_count == 4
     assert first.sent_chunks == 3 and first.sent_bytes == 5 + len(big)
-    listing = client.list_datasets()
+    listing = client.datasets.list()
     assert [d.name for d in listing.datasets] == ["cats"]
     assert listing.usage.used_bytes == 5 + len(big)
 
-    again = client.push_dataset(tree, "cats")  # unchanged: nothing to send
+    again = client.datasets.push(tree, "cats")  # unchanged: nothing to send
     assert again.dataset.current_version == 2 and again.sent_bytes == 0
 
     (tree / "a.txt").write_bytes(b"beta!")
-    third = client.push_dataset(tree, "cats")
+    third = client.datasets.push(tree, "cats")
     assert third.sent_chunks == 1 and third.sent_bytes == 5
-    detail = client.get_dataset("cats")
+    detail = client.datasets.get("cats")
     assert [v.number for v in detail.versions] == [3, 2, 1]
     assert detail.pushes[0].bytes_received == 5 and detail.pushes[0].state == "committed"
 
     # another dataset of the same user shares the chunks (dedup across datasets)
-    other = client.push_dataset(tree, "cats-copy")
+    other = client.datasets.push(tree, "cats-copy")
     assert other.sent_bytes == 0
 
 
@@ -86,13 +86,13 @@ def test_interrupted_push_resumes_with_only_the_rest(ann: Caller, tmp_path: Path
             threads=1,
         )
     # nothing is visible yet
-    assert client.list_datasets().datasets == []
+    assert client.datasets.list().datasets == []
     with pytest.raises(ApiError) as missing:
-        client.get_dataset("imgs")
+        client.datasets.get("imgs")
     assert missing.value.status == 404
 
-    second = client.push_dataset(tmp_path / "imgs", "imgs")
-    pushes = client.get_dataset("imgs").pushes
+    second = client.datasets.push(tmp_path / "imgs", "imgs")
+    pushes = client.datasets.get("imgs").pushes
     first_push = next(p for p in pushes if p.id != second.push_id)
     assert first_push.state == "abandoned" and first_push.bytes_received > 0
     unique = {hashlib.sha256(d).hexdigest(): len(d) for d in files.values()}
@@ -181,25 +181,25 @@ def test_quota(ann: Caller, rt: Runtime, tmp_path: Path) -> None:
     client = sdk(ann)
     huge = write_tree(tmp_path / "huge", {"a.bin": b"a" * 150_000})
     with pytest.raises(ApiError) as refused:
-        client.push_dataset(huge, "huge")
+        client.datasets.push(huge, "huge")
     assert refused.value.status == 413
     assert "150 kB" in refused.value.message and "100 kB" in refused.value.message
 
     first = write_tree(tmp_path / "first", {"a.bin": b"1" * 60_000})
-    client.push_dataset(first, "first")
+    client.datasets.push(first, "first")
     second = write_tree(tmp_path / "second", {"b.bin": b"2" * 50_000})
     with pytest.raises(ApiError) as over:
-        client.push_dataset(second, "second")
+        client.datasets.push(second, "second")
     assert over.value.status == 413
     assert "needs 50 kB of new storage but only 40 kB is left" in over.value.message
     assert "you use 60 kB of your 100 kB quota" in over.value.message
-    listing = client.list_datasets()
+    listing = client.datasets.list()
     assert [d.name for d in listing.datasets] == ["first"]  # no partial dataset
     assert listing.usage.used_bytes == 60_000  # the refused push's reservation is gone
 
-    client.remove_dataset("first")
-    assert client.list_datasets().usage.used_bytes == 0
-    client.push_dataset(second, "second")
+    client.datasets.remove("first")
+    assert client.datasets.list().usage.used_bytes == 0
+    client.datasets.push(second, "second")
     with transaction(rt.sessions) as session:  # the counter moved with the rows throughout
         assert quota.usage(session, 2) == quota.counted_usage(session, 2) == 50_000
 
@@ -208,13 +208,13 @@ def test_remove_frees_only_unshared_chunks(ann: Caller, tmp_path: Path, rt: Runt
     client = sdk(ann)
     one = write_tree(tmp_path / "one", {"shared": b"s" * 1000, "own": b"o" * 2000})
     two = write_tree(tmp_path / "two", {"shared": b"s" * 1000})
-    client.push_dataset(one, "one")
-    client.push_dataset(two, "two")
-    removed = client.remove_dataset("one")
+    client.datasets.push(one, "one")
+    client.datasets.push(two, "two")
+    removed = client.datasets.remove("one")
     assert removed.freed_chunks == 1 and removed.freed_bytes == 2000
-    assert client.list_datasets().usage.used_bytes == 1000
+    assert client.datasets.list().usage.used_bytes == 1000
     with pytest.raises(ApiError) as gone:
-        client.get_dataset("one")
+        client.datasets.get("one")
     assert gone.value.status == 404
     assert rt.vault is not None
     assert len(list(rt.vault.store.iterate("m/"))) == 1  # its manifest is gone, two's stays
@@ -222,15 +222,15 @@ def test_remove_frees_only_unshared_chunks(ann: Caller, tmp_path: Path, rt: Runt
     with transaction(rt.sessions) as session:  # and the dataset key that sealed it
         scopes = set(session.scalars(select(StorageKey.scope)))
     assert scopes == {"master", "user:2", "dataset:2"}
-    again = client.push_dataset(one, "one")  # the name can be used again
+    again = client.datasets.push(one, "one")  # the name can be used again
     assert again.sent_bytes == 2000
-    client.remove_dataset("one")
-    client.remove_dataset("two")
+    client.datasets.remove("one")
+    client.datasets.remove("two")
     assert list(rt.vault.store.iterate("p/")) == [] and pack
 
 
 def test_other_users_see_nothing(ann: Caller, bob: Caller, tmp_path: Path) -> None:
-    push = sdk(ann).push_dataset(write_tree(tmp_path / "s", {"secret.txt": b"ann only"}), "secret")
+    push = sdk(ann).datasets.push(write_tree(tmp_path / "s", {"secret.txt": b"ann only"}), "secret")
     assert bob.get("/api/v1/datasets").json()["datasets"] == []
     assert bob.get("/api/v1/datasets/secret").status_code == 404
     assert bob.delete("/api/v1/datasets/secret").status_code == 404
@@ -244,12 +244,12 @@ def test_other_users_see_nothing(ann: Caller, bob: Caller, tmp_path: Path) -> No
     assert r.status_code == 404 and "no dataset 'secret'" in r.json()["detail"]
     assert bob.get("/api/v1/instances").json() == []
     # bob's own push of the same content is not deduplicated against ann's
-    mine = sdk(bob).push_dataset(write_tree(tmp_path / "b", {"x.txt": b"ann only"}), "secret")
+    mine = sdk(bob).datasets.push(write_tree(tmp_path / "b", {"x.txt": b"ann only"}), "secret")
     assert mine.sent_bytes == len(b"ann only")
 
 
 def test_rm_refused_while_mounted(ann: Caller, tmp_path: Path, tick) -> None:  # type: ignore[no-untyped-def]
-    sdk(ann).push_dataset(write_tree(tmp_path / "d", {"f": b"data"}), "d")
+    sdk(ann).datasets.push(write_tree(tmp_path / "d", {"f": b"data"}), "d")
     r = ann.post("/api/v1/instances", json={"gpu": "T4:1", "name": "box", "datasets": ["d"]})
     assert r.status_code == 201, r.text
     assert r.json()["datasets"] == {"d": 1}

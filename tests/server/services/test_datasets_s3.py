@@ -47,7 +47,7 @@ def test_push_mount_and_remove_on_s3(
 ) -> None:
     assert rt.vault is not None and isinstance(rt.vault.store, S3BlobStore)
     random_tree(tmp_path / "d", 40, 2000)
-    pushed = sdk(ann).push_dataset(tmp_path / "d", "d")
+    pushed = sdk(ann).datasets.push(tmp_path / "d", "d")
     assert pushed.sent_chunks == 40
     assert len(list(rt.vault.store.iterate("p/"))) == 1  # one request, one pack
     r = ann.post("/api/v1/instances", json={"datasets": ["d"]})
@@ -60,5 +60,5 @@ def test_push_mount_and_remove_on_s3(
     ann.post(f"/api/v1/instances/{r.json()['id']}/release")
     RunnerDouble(http, spec.token).stopped()
     tick()
-    assert sdk(ann).remove_dataset("d").freed_chunks == 40
+    assert sdk(ann).datasets.remove("d").freed_chunks == 40
     assert list(rt.vault.store.iterate("p/")) == []

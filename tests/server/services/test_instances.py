@@ -127,7 +127,7 @@ def test_other_users_get_404_for_everything(
     for url in (
         f"/api/v1/runs/{run['id']}",
         f"/api/v1/runs/{run['id']}/logs",
-        f"/api/v1/runs/{run['id']}/logs/stream",
+        f"/api/v1/runs/{run['id']}/stream",
     ):
         assert bob.get(url).status_code == 404
     assert bob.get("/api/v1/instances").json() == []

@@ -43,11 +43,11 @@ def test_the_sdk_reads_series_events_and_gpus(
 ) -> None:
     instance_id, run_id = _finished_run(ann, tick, runner_for)
     client = GpuleaseClient("http://testserver", ann.token, http=ann.http)
-    got = client.run_metrics(run_id, ["loss"], max_points=10)
+    got = client.runs.metrics(run_id, ["loss"], max_points=10)
     assert [s.key for s in got.series] == ["loss"] and got.keys == ["acc", "loss"]
     assert got.series[0].values == [1.0, 2.0, 3.0]
-    assert client.run_metrics_csv(run_id).count("\n") == 7
-    events = list(client.iter_run_events(run_id))
+    assert client.runs.metrics_csv(run_id).count("\n") == 7
+    events = list(client.runs.stream(run_id))
     assert isinstance(events[0], LogEvent) and events[0].chunk.data == "epoch 1\n"
     metric = [e for e in events if isinstance(e, MetricEvent)]
     assert sorted((p.key, p.step) for e in metric for p in e.points) == sorted(
@@ -55,14 +55,14 @@ def test_the_sdk_reads_series_events_and_gpus(
     )
     assert isinstance(events[-2], StatusEvent) and events[-2].run.status == "succeeded"
     assert events[-1] == EndEvent(status="succeeded", exit_code=0)
-    later = list(client.iter_run_events(run_id, f"0:{got.last_point_id}"))
+    later = list(client.runs.stream(run_id, f"0:{got.last_point_id}"))
     assert [type(e) for e in later] == [StatusEvent, EndEvent]
-    compared = client.compare_runs([run_id], "acc")
+    compared = client.runs.compare([run_id], "acc")
     assert compared.runs[0].series[0].values == [0.25, 0.5, 0.75]
-    gpus = client.instance_gpus(instance_id)
+    gpus = client.instances.gpus(instance_id)
     assert [g.simulated for g in gpus.gpus] == [True]
     with pytest.raises(ApiError) as refused:
-        client.run_metrics(run_id + 100)
+        client.runs.metrics(run_id + 100)
     assert refused.value.status == 404
 
 

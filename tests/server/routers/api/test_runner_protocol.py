@@ -136,7 +136,8 @@ def test_log_stream_sends_chunks_then_end(
     instance_id, runner = _running(ann, tick, runner_for)
     run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "x"}).json()
     runner.run(run["id"], ["a", "b"], 0)
-    with ann.http.stream("GET", f"/api/v1/runs/{run['id']}/logs/stream", headers=ann.headers) as r:
+    url = f"/api/v1/runs/{run['id']}/stream?metrics=false"
+    with ann.http.stream("GET", url, headers=ann.headers) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         body = "".join(r.iter_text())
     events = [line.split(": ", 1)[1] for line in body.splitlines() if line.startswith("event: ")]

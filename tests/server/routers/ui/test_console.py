@@ -263,7 +263,7 @@ def test_dashboard_shows_instances_queue_runs_and_notifications(
     assert f'data-run-id="{run["id"]}"' in page and 'data-follow="latest"' in page
     pinned = client.get(f"/?run={run['id']}").text
     assert 'data-follow="pinned"' in pinned
-    stream = client.get(f"/api/v1/runs/{run['id']}/logs/stream")
+    stream = client.get(f"/api/v1/runs/{run['id']}/stream")
     assert stream.status_code == 200
     assert "epoch 1 loss=0.5" in stream.text and "event: end" in stream.text
 
@@ -281,7 +281,7 @@ def test_other_users_run_log_is_not_reachable(
     client = browser()
     log_in(client, "bob")
     for url in (
-        f"/api/v1/runs/{run['id']}/logs/stream",
+        f"/api/v1/runs/{run['id']}/stream",
         f"/api/v1/runs/{run['id']}/logs",
         f"/api/v1/runs/{run['id']}",
     ):

@@ -10,9 +10,9 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -181,6 +181,7 @@ async def stream_run(
     since: str = "-1:0",
     keys: str | None = None,
     logs: bool = True,
+    with_metrics: Annotated[bool, Query(alias="metrics")] = True,
 ) -> StreamingResponse:
     """Server-sent events of a run, from the position `since` (or the Last-Event-ID header,
     which wins): LOG_SEQ:POINT_ID, "-1:0" for everything. Every event's id is the position
@@ -189,7 +190,7 @@ async def stream_run(
     - `status`: RunPublic JSON, first and whenever the status changes;
     - `log`: LogChunkPublic JSON (seq, stream, data, time), one per chunk (unless logs=false);
     - `metric`: {"points": [{"id", "key", "step", "value", "time", "source"}, ...]}, the
-      points stored since the last event (only `keys` when given);
+      points stored since the last event (only `keys` when given; none with metrics=false);
     - `end`: {"status", "exit_code"} once the run is over and everything was sent.
     """
     log_after, point_after = _parse_cursor(request.headers.get("last-event-id") or since)
@@ -200,7 +201,9 @@ async def stream_run(
             user = current_user(session, request)
             run = runs.get_run(session, user, run_id)
             chunks = runs.read_logs(session, run, log_after, 2000) if logs else []
-            points = metrics.points_after(session, run, point_after, 5000, wanted)
+            points = []
+            if with_metrics:
+                points = metrics.points_after(session, run, point_after, 5000, wanted)
             return (
                 [LogChunkPublic.model_validate(c) for c in chunks],
                 points,

@@ -1,5 +1,5 @@
 // The live log tail: follows one run's output over the server-sent event stream
-// /api/v1/runs/{id}/logs/stream (events: log, status, end). It follows the newest run
+// /api/v1/runs/{id}/stream?metrics=false (events: log, status, end). It follows the newest run
 // unless the user picked one (data-follow="pinned"); the session cookie authenticates it.
 (function () {
   "use strict";
@@ -46,7 +46,7 @@
 
   function connect() {
     const id = runId;
-    const es = new EventSource(`/api/v1/runs/${id}/logs/stream?after=${lastSeq}`);
+    const es = new EventSource(`/api/v1/runs/${id}/stream?metrics=false&since=${lastSeq}:0`);
     source = es;
     es.addEventListener("log", (event) => {
       const chunk = JSON.parse(event.data);
