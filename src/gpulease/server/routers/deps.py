@@ -7,16 +7,17 @@ from contextlib import contextmanager
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 from sqlalchemy.orm import Session
 from starlette.requests import HTTPConnection
 
 from gpulease.core.errors import Forbidden, InvalidInput, Unauthorized
+from gpulease.core.ids import MAX_ID
 from gpulease.core.money import MoneyError, parse_credits
 from gpulease.server.db import transaction
-from gpulease.server.orm import User
+from gpulease.server.orm import Instance, User
 from gpulease.server.runtime import Runtime
-from gpulease.server.services import tokens
+from gpulease.server.services import runners, tokens
 
 SESSION_COOKIE = "gpulease_session"
 
@@ -122,6 +123,20 @@ def _session(request: Request) -> Iterator[Session]:
         yield session
 
 
+def _detached_user(request: Request) -> User:
+    with tx(request) as session:
+        return current_user(session, request)
+
+
+def _detached_runner_instance(request: Request, token: RunnerToken) -> Instance:
+    with tx(request) as session:
+        return runners.instance_for_token(session, token)
+
+
+def _runner_instance(session: SessionDep, token: RunnerToken) -> Instance:
+    return runners.instance_for_token(session, token)
+
+
 def _user(session: SessionDep, request: Request) -> User:
     return current_user(session, request)
 
@@ -135,3 +150,15 @@ def _admin(session: SessionDep, request: Request) -> User:
 SessionDep = Annotated[Session, Depends(_session, scope="function")]
 CurrentUser = Annotated[User, Depends(_user, scope="function")]
 AdminUser = Annotated[User, Depends(_admin, scope="function")]
+# The caller, authenticated in a short transaction of its own that has already ended: for
+# routes whose services open their own transactions around blob or network I/O.
+DetachedUser = Annotated[User, Depends(_detached_user)]
+RunnerToken = Annotated[str, Depends(runner_token)]
+# The instance whose runner token authorises the call, in the request's transaction.
+RunnerInstance = Annotated[Instance, Depends(_runner_instance, scope="function")]
+DetachedRunnerInstance = Annotated[Instance, Depends(_detached_runner_instance)]
+
+# Every integer id in a path or query: a value a database column can hold, so that a huge one
+# is a 422 rather than an overflow inside the driver.
+IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+IdQuery = Annotated[int, Query(ge=1, le=MAX_ID)]

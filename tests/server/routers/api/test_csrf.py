@@ -23,10 +23,10 @@ def cookie_client(http: TestClient, ann: Caller) -> Iterator[TestClient]:
 def test_a_cookie_state_change_without_origin_or_referer_is_refused(
     cookie_client: TestClient,
 ) -> None:
-    r = cookie_client.post("/api/v1/tokens", json={"name": "sneaky"})
+    r = cookie_client.post("/api/v1/teams", json={"name": "sneaky"})
     assert r.status_code == 403
     assert "neither an Origin nor a Referer" in r.json()["detail"]
-    assert [t["name"] for t in cookie_client.get("/api/v1/tokens").json()] == ["registration"]
+    assert cookie_client.get("/api/v1/teams").json() == []
 
 
 @pytest.mark.parametrize(
@@ -36,7 +36,7 @@ def test_a_cookie_state_change_without_origin_or_referer_is_refused(
 def test_a_cookie_state_change_from_another_site_is_refused(
     cookie_client: TestClient, headers: dict[str, str]
 ) -> None:
-    r = cookie_client.post("/api/v1/tokens", json={"name": "x"}, headers=headers)
+    r = cookie_client.post("/api/v1/teams", json={"name": "x"}, headers=headers)
     assert r.status_code == 403 and "another site" in r.json()["detail"]
 
 
@@ -46,12 +46,12 @@ def test_a_cookie_state_change_from_another_site_is_refused(
 def test_a_cookie_state_change_from_this_site_is_accepted(
     cookie_client: TestClient, headers: dict[str, str]
 ) -> None:
-    r = cookie_client.post("/api/v1/tokens", json={"name": "ok"}, headers=headers)
+    r = cookie_client.post("/api/v1/teams", json={"name": "ok"}, headers=headers)
     assert r.status_code == 201, r.text
 
 
 def test_a_bearer_token_needs_no_origin(ann: Caller) -> None:
-    assert ann.post("/api/v1/tokens", json={"name": "cli"}).status_code == 201
+    assert ann.post("/api/v1/teams", json={"name": "cli"}).status_code == 201
 
 
 def _connection(headers: dict[str, str], kind: str = "http") -> HTTPConnection:

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request, Response
 from gpulease.core.errors import Forbidden
 from gpulease.schemas.accounts import (
     AuthResult,
+    FailedLoginPublic,
     LoginRequest,
     RegisterRequest,
     TokenCreate,
@@ -14,61 +15,101 @@ from gpulease.schemas.accounts import (
     TokenPublic,
     UserPublic,
 )
-from gpulease.server.routers.deps import current_user, runtime, tx
+from gpulease.server.routers.auth_limits import (
+    auth_guard,
+    client_address,
+    guarded_login,
+    within_limits,
+)
+from gpulease.server.routers.deps import (
+    AdminUser,
+    CurrentUser,
+    IdPath,
+    SessionDep,
+    bearer,
+    runtime,
+)
+from gpulease.server.security import verify_password
 from gpulease.server.services import tokens, users
+from gpulease.server.services.ratelimit import TooManyAttempts
 
 router = APIRouter(tags=["accounts"])
 
 
 @router.post("/auth/register", status_code=201)
-def register(body: RegisterRequest, request: Request) -> AuthResult:
+def register(body: RegisterRequest, session: SessionDep, request: Request) -> AuthResult:
     settings = runtime(request).settings
     if not settings.signup_enabled:
         raise Forbidden("sign-up is closed on this server; ask an admin for an account")
-    with tx(request) as session:
-        user = users.create_user(
-            session,
-            body.name,
-            body.password,
-            email=body.email,
-            signup_credit_micro=settings.signup_credit_micro,
-        )
-        secret, _ = tokens.create_token(session, user, "registration")
-        return AuthResult(token=secret, user=UserPublic.model_validate(user))
+    guard, address = auth_guard(request), client_address(request)
+    within_limits(guard.check_registration, address)
+    user = users.create_user(
+        session,
+        body.name,
+        body.password,
+        email=body.email,
+        signup_credit_micro=settings.signup_credit_micro,
+    )
+    secret, _ = tokens.create_token(session, user, "registration")
+    guard.registered(address)
+    return AuthResult(token=secret, user=UserPublic.model_validate(user))
 
 
 @router.post("/auth/login")
-def login(body: LoginRequest, request: Request) -> AuthResult:
-    with tx(request) as session:
-        user = users.authenticate(session, body.name, body.password)
-        secret, _ = tokens.create_token(session, user, body.token_name)
-        return AuthResult(token=secret, user=UserPublic.model_validate(user))
+def login(body: LoginRequest, session: SessionDep, request: Request) -> AuthResult:
+    try:
+        user = guarded_login(request, session, body.name, body.password)
+    except TooManyAttempts as exc:
+        raise exc.http() from None
+    secret, _ = tokens.create_token(session, user, body.token_name)
+    return AuthResult(token=secret, user=UserPublic.model_validate(user))
 
 
 @router.get("/me")
-def me(request: Request) -> UserPublic:
-    with tx(request) as session:
-        return UserPublic.model_validate(current_user(session, request))
+def me(user: CurrentUser) -> UserPublic:
+    return UserPublic.model_validate(user)
 
 
 @router.get("/tokens")
-def list_tokens(request: Request) -> list[TokenPublic]:
-    with tx(request) as session:
-        user = current_user(session, request)
-        return [TokenPublic.model_validate(t) for t in tokens.list_tokens(session, user)]
+def list_tokens(session: SessionDep, user: CurrentUser) -> list[TokenPublic]:
+    return [TokenPublic.model_validate(t) for t in tokens.list_tokens(session, user)]
 
 
 @router.post("/tokens", status_code=201)
-def create_token(body: TokenCreate, request: Request) -> TokenCreated:
-    with tx(request) as session:
-        user = current_user(session, request)
-        secret, row = tokens.create_token(session, user, body.name)
-        return TokenCreated(token=secret, info=TokenPublic.model_validate(row))
+def create_token(
+    body: TokenCreate, session: SessionDep, user: CurrentUser, request: Request
+) -> TokenCreated:
+    if bearer(request) is None:  # the browser's cookie: confirm with the password
+        _confirm_password(request, user.name, user.password_hash, body.password)
+    secret, row = tokens.create_token(session, user, body.name)
+    return TokenCreated(token=secret, info=TokenPublic.model_validate(row))
 
 
 @router.delete("/tokens/{token_id}", status_code=204)
-def revoke_token(token_id: int, request: Request) -> Response:
-    with tx(request) as session:
-        user = current_user(session, request)
-        tokens.revoke_token(session, user, token_id)
+def revoke_token(token_id: IdPath, session: SessionDep, user: CurrentUser) -> Response:
+    tokens.revoke_token(session, user, token_id)
     return Response(status_code=204)
+
+
+def _confirm_password(request: Request, name: str, password_hash: str, given: str | None) -> None:
+    """A token minted through the session cookie needs the account's password, counted
+    like a login so that it cannot be guessed either."""
+    if not given:
+        raise Forbidden(
+            "creating an API token from the browser needs your password: send it as "
+            "'password' (or use `gpulease token create`, which is logged in already)"
+        )
+    guard, address = auth_guard(request), client_address(request)
+    within_limits(guard.check_login, name, address)
+    if not verify_password(password_hash, given):
+        guard.login_failed(name, address, "wrong password to create a token")
+        raise Forbidden("wrong password; the token was not created")
+
+
+@router.get("/admin/failed-logins")
+def failed_logins(_: AdminUser, request: Request, limit: int = 100) -> list[FailedLoginPublic]:
+    """The latest failed and rate-limited logins seen by this server process, newest first."""
+    found = auth_guard(request).failed_logins(max(1, min(limit, 1000)))
+    return [
+        FailedLoginPublic(at=f.at, name=f.name, address=f.address, reason=f.reason) for f in found
+    ]

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from gpulease.schemas.ledger import Balance, Usage, UsageSegmentPublic
 from gpulease.schemas.notifications import NotificationPublic
 from gpulease.server.routers.api.presenters import balance_public, ledger_line
-from gpulease.server.routers.deps import current_user, runtime, tx
+from gpulease.server.routers.deps import CurrentUser, SessionDep, runtime
 from gpulease.server.services import ledger, metering, notifications
 from gpulease.server.services.billing import teams
 
@@ -15,37 +15,28 @@ router = APIRouter(tags=["billing"])
 
 
 @router.get("/balance")
-def balance(request: Request, team: str | None = None) -> Balance:
+def balance(
+    session: SessionDep, user: CurrentUser, request: Request, team: str | None = None
+) -> Balance:
     """Your wallet's balance, or with ?team=NAME the shared wallet of a team you are in."""
-    catalog = runtime(request).catalog
-    with tx(request) as session:
-        user = current_user(session, request)
-        team_id = teams.team_for_member(session, user, team)[0].id if team else None
-        micro = ledger.balance(session, user.id, team_id)
-    return balance_public(micro, catalog)
+    team_id = teams.team_for_member(session, user, team)[0].id if team else None
+    return balance_public(ledger.balance(session, user.id, team_id), runtime(request).catalog)
 
 
 @router.get("/usage")
-def usage(request: Request) -> Usage:
+def usage(session: SessionDep, user: CurrentUser, request: Request) -> Usage:
     catalog = runtime(request).catalog
-    with tx(request) as session:
-        user = current_user(session, request)
-        return Usage(
-            segments=[
-                UsageSegmentPublic.model_validate(s)
-                for s in metering.list_segments(session, user.id)
-            ],
-            ledger=[
-                ledger_line(txn, amount, catalog)
-                for txn, amount in ledger.wallet_entries(session, user.id)
-            ],
-        )
+    return Usage(
+        segments=[
+            UsageSegmentPublic.model_validate(s) for s in metering.list_segments(session, user.id)
+        ],
+        ledger=[
+            ledger_line(txn, amount, catalog)
+            for txn, amount in ledger.wallet_entries(session, user.id)
+        ],
+    )
 
 
 @router.get("/notifications")
-def list_notifications(request: Request) -> list[NotificationPublic]:
-    with tx(request) as session:
-        user = current_user(session, request)
-        return [
-            NotificationPublic.model_validate(n) for n in notifications.recent(session, user.id)
-        ]
+def list_notifications(session: SessionDep, user: CurrentUser) -> list[NotificationPublic]:
+    return [NotificationPublic.model_validate(n) for n in notifications.recent(session, user.id)]

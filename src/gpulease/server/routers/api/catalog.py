@@ -6,18 +6,16 @@ from fastapi import APIRouter, Request
 
 from gpulease.core.money import format_credits, ncu
 from gpulease.schemas.catalog import GpuModelPublic, NodePublic
-from gpulease.server.routers.deps import current_admin, current_user, runtime, tx
+from gpulease.server.routers.deps import AdminUser, CurrentUser, SessionDep, runtime
 from gpulease.server.services import nodes
 
 router = APIRouter(tags=["catalog"])
 
 
 @router.get("/gpus")
-def list_gpu_models(request: Request) -> list[GpuModelPublic]:
+def list_gpu_models(session: SessionDep, _: CurrentUser, request: Request) -> list[GpuModelPublic]:
     catalog = runtime(request).catalog
-    with tx(request) as session:
-        current_user(session, request)
-        avail = nodes.availability(session, catalog)
+    avail = nodes.availability(session, catalog)
     return [
         GpuModelPublic(
             name=m.name,
@@ -40,7 +38,5 @@ def list_gpu_models(request: Request) -> list[GpuModelPublic]:
 
 
 @router.get("/nodes")
-def list_nodes(request: Request) -> list[NodePublic]:
-    with tx(request) as session:
-        current_admin(session, request)
-        return [NodePublic.model_validate(n) for n in nodes.list_nodes(session)]
+def list_nodes(session: SessionDep, _: AdminUser) -> list[NodePublic]:
+    return [NodePublic.model_validate(n) for n in nodes.list_nodes(session)]

@@ -29,16 +29,28 @@ from gpulease.schemas.datasets import (
     DatasetVersionPublic,
     StorageUsage,
 )
-from gpulease.schemas.runner import RunnerChunkRequest, RunnerDatasetMount, RunnerDatasets
-from gpulease.server.orm import Dataset, Instance, User
-from gpulease.server.routers.deps import current_user, runner_token, runtime, tx
-from gpulease.server.services import runners
+from gpulease.schemas.runner import (
+    RUNNER_API,
+    RunnerChunkRequest,
+    RunnerDatasetMount,
+    RunnerDatasets,
+)
+from gpulease.server.db import transaction
+from gpulease.server.routers.deps import (
+    CurrentUser,
+    DetachedRunnerInstance,
+    DetachedUser,
+    IdPath,
+    RunnerInstance,
+    SessionDep,
+    runtime,
+)
 from gpulease.server.services.datasets import commits, library, mounts, quota, uploads
 from gpulease.server.services.datasets.vault import Vault
 from gpulease.storage.chunking import PackError
 
 router = APIRouter(tags=["datasets"])
-runner_router = APIRouter(prefix="/runner/v1/datasets", tags=["runner"])
+runner_router = APIRouter(prefix=f"{RUNNER_API}/datasets", tags=["runner"])
 PACK = "application/octet-stream"
 
 
@@ -52,52 +64,42 @@ def _quota(request: Request) -> int:
     return runtime(request).settings.storage_quota_bytes
 
 
-def _caller(request: Request) -> User:
-    with tx(request) as session:
-        return current_user(session, request)
-
-
 @router.get("/datasets")
-def list_datasets(request: Request) -> DatasetList:
-    with tx(request) as session:
-        user = current_user(session, request)
-        found = [DatasetPublic.model_validate(d) for d in library.list_datasets(session, user)]
-        used = quota.usage(session, user.id)
+def list_datasets(session: SessionDep, user: CurrentUser, request: Request) -> DatasetList:
+    found = [DatasetPublic.model_validate(d) for d in library.list_datasets(session, user)]
+    used = quota.usage(session, user.id)
     return DatasetList(
         datasets=found, usage=StorageUsage(used_bytes=used, quota_bytes=_quota(request))
     )
 
 
 @router.get("/datasets/{name}")
-def show_dataset(name: str, request: Request) -> DatasetDetail:
-    with tx(request) as session:
-        user = current_user(session, request)
-        dataset = library.get_dataset(session, user, name)
-        return DatasetDetail(
-            dataset=DatasetPublic.model_validate(dataset),
-            versions=[
-                DatasetVersionPublic.model_validate(v) for v in library.versions(session, dataset)
-            ],
-            pushes=[
-                DatasetUploadPublic.model_validate(u)
-                for u in library.recent_uploads(session, dataset)
-            ],
-            mounted_by=library.mounting_instances(session, dataset),
-        )
+def show_dataset(name: str, session: SessionDep, user: CurrentUser) -> DatasetDetail:
+    dataset = library.get_dataset(session, user, name)
+    return DatasetDetail(
+        dataset=DatasetPublic.model_validate(dataset),
+        versions=[
+            DatasetVersionPublic.model_validate(v) for v in library.versions(session, dataset)
+        ],
+        pushes=[
+            DatasetUploadPublic.model_validate(u) for u in library.recent_uploads(session, dataset)
+        ],
+        mounted_by=library.mounting_instances(session, dataset),
+    )
 
 
 @router.delete("/datasets/{name}")
-def remove_dataset(name: str, request: Request) -> DatasetRemoved:
-    user = _caller(request)
+def remove_dataset(name: str, user: DetachedUser, request: Request) -> DatasetRemoved:
     freed = library.remove_dataset(runtime(request).sessions, vault_of(request), user, name)
     return DatasetRemoved(name=name, freed_chunks=freed.chunks, freed_bytes=freed.bytes)
 
 
 @router.post("/datasets/{name}/pushes", status_code=201)
-def start_push(name: str, body: DatasetUploadCreate, request: Request) -> DatasetUploadPublic:
+def start_push(
+    name: str, body: DatasetUploadCreate, user: DetachedUser, request: Request
+) -> DatasetUploadPublic:
     if body.name != name:
         raise InvalidInput(f"the body names dataset {body.name!r} but the path {name!r}")
-    user = _caller(request)
     upload = uploads.start_upload(
         runtime(request).sessions,
         vault_of(request),
@@ -111,17 +113,21 @@ def start_push(name: str, body: DatasetUploadCreate, request: Request) -> Datase
 
 
 @router.get("/datasets/{name}/pushes/{push_id}")
-def show_push(name: str, push_id: int, request: Request) -> DatasetUploadPublic:
-    with tx(request) as session:
-        user = current_user(session, request)
-        return DatasetUploadPublic.model_validate(uploads.get_upload(session, user, push_id))
+def show_push(
+    name: str, push_id: IdPath, session: SessionDep, user: CurrentUser
+) -> DatasetUploadPublic:
+    return DatasetUploadPublic.model_validate(uploads.get_upload(session, user, push_id))
 
 
 @router.put("/datasets/{name}/pushes/{push_id}/files/{part}")
 def push_files(
-    name: str, push_id: int, part: int, body: DatasetFilesPart, request: Request
+    name: str,
+    push_id: IdPath,
+    part: int,
+    body: DatasetFilesPart,
+    user: DetachedUser,
+    request: Request,
 ) -> DatasetMissingChunks:
-    user = _caller(request)
     missing = uploads.add_files(
         runtime(request).sessions,
         vault_of(request),
@@ -136,7 +142,7 @@ def push_files(
 
 async def _read_capped(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise InvalidInput(f"a chunk pack may hold at most {limit} bytes; send smaller packs")
     parts = []
     size = 0
@@ -149,8 +155,9 @@ async def _read_capped(request: Request, limit: int) -> bytes:
 
 
 @router.post("/datasets/{name}/pushes/{push_id}/chunks")
-async def push_chunks(name: str, push_id: int, request: Request) -> DatasetChunksReceived:
-    user = await run_in_threadpool(_caller, request)
+async def push_chunks(
+    name: str, push_id: IdPath, user: DetachedUser, request: Request
+) -> DatasetChunksReceived:
     body = await _read_capped(request, uploads.MAX_PACK_BYTES)
     try:
         received = await run_in_threadpool(
@@ -169,8 +176,9 @@ async def push_chunks(name: str, push_id: int, request: Request) -> DatasetChunk
 
 
 @router.post("/datasets/{name}/pushes/{push_id}/commit", status_code=201)
-def commit_push(name: str, push_id: int, body: DatasetCommit, request: Request) -> DatasetPublic:
-    user = _caller(request)
+def commit_push(
+    name: str, push_id: IdPath, body: DatasetCommit, user: DetachedUser, request: Request
+) -> DatasetPublic:
     rt = runtime(request)
     version = commits.commit_upload(
         rt.sessions,
@@ -182,13 +190,12 @@ def commit_push(name: str, push_id: int, body: DatasetCommit, request: Request) 
         size=body.bytes,
         quota_bytes=_quota(request),
     )
-    with tx(request) as session:
-        return DatasetPublic.model_validate(session.get(Dataset, version.dataset_id))
+    with transaction(rt.sessions) as session:  # the commit ran its own transactions
+        return DatasetPublic.model_validate(library.dataset_of(session, version))
 
 
 @router.delete("/datasets/{name}/pushes/{push_id}", status_code=204)
-def abandon_push(name: str, push_id: int, request: Request) -> Response:
-    user = _caller(request)
+def abandon_push(name: str, push_id: IdPath, user: DetachedUser, request: Request) -> Response:
     uploads.abandon_upload(runtime(request).sessions, vault_of(request), user, push_id)
     return Response(status_code=204)
 
@@ -196,16 +203,9 @@ def abandon_push(name: str, push_id: int, request: Request) -> Response:
 # -- the runner protocol's dataset calls (docs/runner-protocol.md) -----------------------------
 
 
-def _instance(request: Request) -> Instance:
-    with tx(request) as session:
-        return runners.instance_for_token(session, runner_token(request))
-
-
 @runner_router.get("")
-def runner_datasets(request: Request) -> RunnerDatasets:
-    instance = _instance(request)
-    with tx(request) as session:
-        found = mounts.instance_mounts(session, instance.id)
+def runner_datasets(session: SessionDep, instance: RunnerInstance) -> RunnerDatasets:
+    found = mounts.instance_mounts(session, instance.id)
     return RunnerDatasets(
         datasets=[
             RunnerDatasetMount(
@@ -222,9 +222,10 @@ def runner_datasets(request: Request) -> RunnerDatasets:
 
 
 @runner_router.get("/{dataset_id}/versions/{number}/manifest")
-def runner_manifest(dataset_id: int, number: int, request: Request) -> Response:
+def runner_manifest(
+    dataset_id: IdPath, number: IdPath, instance: DetachedRunnerInstance, request: Request
+) -> Response:
     """{"files": [[path, size, [sha256, ...]], ...], "keys": {sha256: base64 key}}"""
-    instance = _instance(request)
     found = mounts.runner_manifest(
         runtime(request).sessions, vault_of(request), instance, dataset_id, number
     )
@@ -237,10 +238,13 @@ def runner_manifest(dataset_id: int, number: int, request: Request) -> Response:
 
 @runner_router.post("/{dataset_id}/versions/{number}/chunks")
 def runner_chunks(
-    dataset_id: int, number: int, body: RunnerChunkRequest, request: Request
+    dataset_id: IdPath,
+    number: IdPath,
+    body: RunnerChunkRequest,
+    instance: DetachedRunnerInstance,
+    request: Request,
 ) -> Response:
     """A chunk pack of the sealed chunks asked for, in the order asked."""
-    instance = _instance(request)
     data = mounts.runner_chunks(
         runtime(request).sessions, vault_of(request), instance, dataset_id, number, body.chunks
     )

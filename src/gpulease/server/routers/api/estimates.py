@@ -10,7 +10,7 @@ from gpulease.core import estimates
 from gpulease.core.catalog import Catalog
 from gpulease.core.money import format_credits
 from gpulease.schemas.estimates import EstimatePublic, EstimateRowPublic
-from gpulease.server.routers.deps import current_user, runtime, tx
+from gpulease.server.routers.deps import CurrentUser, runtime
 
 router = APIRouter(tags=["estimates"])
 
@@ -67,6 +67,7 @@ Text = Annotated[str | None, Query(max_length=64)]
 
 @router.get("/estimate")
 def estimate(
+    _: CurrentUser,
     request: Request,
     model: Text = None,
     images: Text = None,
@@ -77,7 +78,5 @@ def estimate(
     """GPU-hours, wall time, cost and NCU of training `model` on every catalog GPU model.
     Inputs are parsed here rather than by FastAPI so that a refusal lists what is valid."""
     catalog = runtime(request).catalog
-    with tx(request) as session:
-        current_user(session, request)
     req = estimates.parse_request(model, images, epochs, image_size, gpus)
     return estimate_public(estimates.estimate(catalog, req), catalog)

@@ -12,22 +12,31 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from gpulease.core.errors import InvalidInput
+from gpulease.core.ids import MAX_ID, parse_id
 from gpulease.schemas.metrics import GpuHeatmap, InstanceGpus, RunMetrics, RunsCompared
-from gpulease.schemas.runner import RunnerGpuSamples, RunnerMetrics
+from gpulease.schemas.runner import RUNNER_API, RunnerGpuSamples, RunnerMetrics
 from gpulease.schemas.runs import LogChunkPublic, RunPublic
-from gpulease.server.routers.deps import current_admin, current_user, runner_token, tx
+from gpulease.server.routers.deps import (
+    AdminUser,
+    CurrentUser,
+    IdPath,
+    RunnerInstance,
+    SessionDep,
+    current_user,
+    tx,
+)
 from gpulease.server.services import metrics, runners, runs
 from gpulease.server.services.instances import lifecycle
 from gpulease.server.services.metrics.points import check_max_points, parse_keys
 from gpulease.server.signals import Broadcast
 
 router = APIRouter(tags=["metrics"])
-runner_router = APIRouter(prefix="/runner/v1", tags=["runner"])
+runner_router = APIRouter(prefix=RUNNER_API, tags=["runner"])
 KEEPALIVE_S = 15.0
 REREAD_S = 1.0
 MAX_COMPARE = 10
@@ -38,25 +47,32 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @runner_router.post("/runs/{run_id}/metrics", status_code=204)
-def runner_metrics(run_id: int, body: RunnerMetrics, request: Request) -> Response:
+def runner_metrics(
+    run_id: IdPath,
+    body: RunnerMetrics,
+    session: SessionDep,
+    instance: RunnerInstance,
+    request: Request,
+    after: BackgroundTasks,
+) -> Response:
     points = [metrics.PointIn(p.key, p.step, p.value, p.time, p.source) for p in body.points]
-    with tx(request) as session:
-        instance = runners.instance_for_token(session, runner_token(request))
-        run = runners.run_of(session, instance, run_id)
-        added = metrics.ingest_points(session, run, points)
-    if added:
-        request.app.state.signals.metrics.fire()
+    run = runners.run_of(session, instance, run_id)
+    if metrics.ingest_points(session, run, points):
+        after.add_task(request.app.state.signals.metrics.fire)  # once committed
     return Response(status_code=204)
 
 
 @runner_router.post("/gpu-samples", status_code=204)
-def runner_gpu_samples(body: RunnerGpuSamples, request: Request) -> Response:
+def runner_gpu_samples(
+    body: RunnerGpuSamples,
+    session: SessionDep,
+    instance: RunnerInstance,
+    request: Request,
+    after: BackgroundTasks,
+) -> Response:
     readings = [metrics.GpuReadingIn(**s.model_dump()) for s in body.samples]
-    with tx(request) as session:
-        instance = runners.instance_for_token(session, runner_token(request))
-        added = metrics.ingest_instance_samples(session, instance, readings)
-    if added:
-        request.app.state.signals.gpu.fire()
+    if metrics.ingest_instance_samples(session, instance, readings):
+        after.add_task(request.app.state.signals.gpu.fire)  # once committed
     return Response(status_code=204)
 
 
@@ -70,46 +86,43 @@ def _run_metrics(session: Any, run: Any, keys: list[str] | None, max_points: int
 
 @router.get("/runs/compare")
 def compare_runs(
-    request: Request, ids: str, key: str = "loss", max_points: int = 1000
+    session: SessionDep, user: CurrentUser, ids: str, key: str = "loss", max_points: int = 1000
 ) -> RunsCompared:
     """Each run's curve of one key, for overlaying: {"key", "runs": [RunMetrics, ...]} in
     the order of ids. Any id that is not one of the caller's runs answers 404."""
-    try:
-        run_ids = [int(part) for part in ids.split(",") if part.strip()]
-    except ValueError:
-        raise InvalidInput("ids must be run ids separated by commas, e.g. ids=4,7,9") from None
+    parsed = [parse_id(part.strip()) for part in ids.split(",") if part.strip()]
+    run_ids = [run_id for run_id in parsed if run_id is not None]
+    if len(run_ids) != len(parsed):
+        raise InvalidInput("ids must be run ids separated by commas, e.g. ids=4,7,9")
     if not 1 <= len(run_ids) <= MAX_COMPARE:
         raise InvalidInput(f"compare 1 to {MAX_COMPARE} runs: ids=4,7,9")
     keys = parse_keys(key)
     if keys is None or len(keys) != 1:
         raise InvalidInput("name one metric key to compare, e.g. key=loss")
     check_max_points(max_points)
-    with tx(request) as session:
-        user = current_user(session, request)
-        found = [runs.get_run(session, user, run_id) for run_id in run_ids]
-        return RunsCompared(
-            key=keys[0], runs=[_run_metrics(session, run, keys, max_points) for run in found]
-        )
+    found = [runs.get_run(session, user, run_id) for run_id in run_ids]
+    return RunsCompared(
+        key=keys[0], runs=[_run_metrics(session, run, keys, max_points) for run in found]
+    )
 
 
 @router.get("/runs/{run_id}/metrics")
 def run_metrics(
-    run_id: int, request: Request, keys: str | None = None, max_points: int = 2000
+    run_id: IdPath,
+    session: SessionDep,
+    user: CurrentUser,
+    keys: str | None = None,
+    max_points: int = 2000,
 ) -> RunMetrics:
     """The run's curves, each at most max_points (see services.metrics.series)."""
     wanted = parse_keys(keys)
-    with tx(request) as session:
-        user = current_user(session, request)
-        return _run_metrics(session, runs.get_run(session, user, run_id), wanted, max_points)
+    return _run_metrics(session, runs.get_run(session, user, run_id), wanted, max_points)
 
 
 @router.get("/runs/{run_id}/metrics.csv")
-def run_metrics_csv(run_id: int, request: Request) -> Response:
+def run_metrics_csv(run_id: IdPath, session: SessionDep, user: CurrentUser) -> Response:
     """Every raw point: key,step,value,time,source (time in ISO 8601 UTC)."""
-    with tx(request) as session:
-        user = current_user(session, request)
-        run = runs.get_run(session, user, run_id)
-        body = "".join(metrics.points_csv(session, run))
+    body = "".join(metrics.points_csv(session, runs.get_run(session, user, run_id)))
     return Response(
         body,
         media_type="text/csv",
@@ -130,9 +143,12 @@ async def _wait_any(broadcasts: list[Broadcast], timeout: float) -> None:
 def _parse_cursor(text: str) -> tuple[int, int]:
     log_seq, sep, point_id = text.strip().partition(":")
     try:
-        if not sep:
+        if not sep or not (log_seq.isascii() and point_id.isascii()):
             raise ValueError
-        return int(log_seq), int(point_id)
+        cursor = int(log_seq), int(point_id)
+        if not (-1 <= cursor[0] <= MAX_ID and 0 <= cursor[1] <= MAX_ID):
+            raise ValueError
+        return cursor
     except ValueError:
         raise InvalidInput(
             f"since {text!r} is not a stream position: give LOG_SEQ:POINT_ID as in the "
@@ -176,7 +192,7 @@ async def _keepalive_loop(
 
 @router.get("/runs/{run_id}/stream")
 async def stream_run(
-    run_id: int,
+    run_id: IdPath,
     request: Request,
     since: str = "-1:0",
     keys: str | None = None,
@@ -197,6 +213,8 @@ async def stream_run(
     wanted = parse_keys(keys)
 
     def read() -> tuple[list[LogChunkPublic], list[dict[str, Any]], RunPublic]:
+        # a stream outlives any one transaction: each read is its own and checks the
+        # caller's token again, so a revoked token ends the stream
         with tx(request) as session:
             user = current_user(session, request)
             run = runs.get_run(session, user, run_id)
@@ -248,18 +266,16 @@ async def stream_run(
 
 @router.get("/instances/{ref}/gpus")
 def instance_gpus(
-    ref: str, request: Request, minutes: int = 15, max_points: int = 300
+    ref: str, session: SessionDep, user: CurrentUser, minutes: int = 15, max_points: int = 300
 ) -> InstanceGpus:
     """The instance's GPUs: newest sample and the last `minutes` of readings for each
     (simulated ones flagged, without readings). See services.metrics.instance_gpus."""
     if not 10 <= max_points <= 5000:
         raise InvalidInput("max_points must be from 10 to 5000")
-    with tx(request) as session:
-        user = current_user(session, request)
-        instance = lifecycle.get_instance(session, user, ref)
-        return InstanceGpus.model_validate(
-            metrics.instance_gpus(session, instance, minutes, max_points)
-        )
+    instance = lifecycle.get_instance(session, user, ref)
+    return InstanceGpus.model_validate(
+        metrics.instance_gpus(session, instance, minutes, max_points)
+    )
 
 
 @router.get("/instances/{ref}/gpus/stream")
@@ -268,10 +284,14 @@ async def stream_instance_gpus(ref: str, request: Request, since: int = -1) -> S
     samples of the instance's GPUs; the event id is the last sample's id (resume with the
     Last-Event-ID header or since=ID; -1: from now on, 0: everything kept)."""
     header = request.headers.get("last-event-id")
-    try:
-        after = int(header) if header else since
-    except ValueError:
-        raise InvalidInput("Last-Event-ID must be a sample id as sent in the events") from None
+    after = since
+    if header:
+        parsed = 0 if header == "0" else parse_id(header)
+        if parsed is None:
+            raise InvalidInput("Last-Event-ID must be a sample id as sent in the events")
+        after = parsed
+    if not -1 <= after <= MAX_ID:
+        raise InvalidInput("since must be a sample id as sent in the events, or -1 (from now on)")
 
     def read() -> list[dict[str, Any]]:
         nonlocal after
@@ -300,9 +320,9 @@ async def stream_instance_gpus(ref: str, request: Request, since: int = -1) -> S
 
 
 @router.get("/admin/gpu-heatmap")
-def gpu_heatmap(request: Request, minutes: int = 60, bucket_s: int = 60) -> GpuHeatmap:
+def gpu_heatmap(
+    session: SessionDep, _: AdminUser, minutes: int = 60, bucket_s: int = 60
+) -> GpuHeatmap:
     """Mean GPU utilisation per node × GPU × time bucket (admins only); see
     services.metrics.gpu_heatmap for the shape."""
-    with tx(request) as session:
-        current_admin(session, request)
-        return GpuHeatmap.model_validate(metrics.gpu_heatmap(session, minutes, bucket_s))
+    return GpuHeatmap.model_validate(metrics.gpu_heatmap(session, minutes, bucket_s))

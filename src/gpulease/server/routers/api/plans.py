@@ -9,10 +9,11 @@ from gpulease.core.catalog import parse_accelerators
 from gpulease.core.errors import InvalidInput
 from gpulease.core.money import format_credits, ncu
 from gpulease.core.pricing import (
-    FULL_BP,
     WEEKDAYS,
     OffPeakWindow,
+    format_discount,
     parse_clock,
+    parse_discount_bp,
     parse_weekdays,
 )
 from gpulease.schemas.billing import (
@@ -30,7 +31,14 @@ from gpulease.schemas.ledger import Balance
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Voucher
 from gpulease.server.routers.api.presenters import balance_public
-from gpulease.server.routers.deps import credits, current_admin, current_user, runtime, tx
+from gpulease.server.routers.deps import (
+    AdminUser,
+    CurrentUser,
+    IdPath,
+    SessionDep,
+    credits,
+    runtime,
+)
 from gpulease.server.services import ledger, users
 from gpulease.server.services.billing import limits, offpeak, plans, vouchers
 
@@ -38,11 +46,9 @@ router = APIRouter(tags=["billing"])
 
 
 @router.get("/plans")
-def quote_plans(request: Request, gpu: str) -> list[PlanQuote]:
+def quote_plans(_: CurrentUser, request: Request, gpu: str) -> list[PlanQuote]:
     """Every plan's price for a GPU request, with the rules shown before a purchase."""
     catalog = runtime(request).catalog
-    with tx(request) as session:
-        current_user(session, request)
     name, count = parse_accelerators(gpu)
     model = catalog.get(name)
     symbol = catalog.currency_symbol
@@ -79,42 +85,33 @@ def _window_public(window_id: int, w: OffPeakWindow) -> OffPeakPublic:
         weekdays=[WEEKDAYS[d] for d in sorted(w.weekdays)],
         start=clock(w.start_minute),
         end=clock(w.end_minute),
-        discount_percent=f"{w.discount_bp / 100:g}",
+        discount_percent=format_discount(w.discount_bp),
         tz=w.tz,
     )
 
 
 @router.get("/offpeak")
-def list_offpeak(request: Request) -> list[OffPeakPublic]:
-    with tx(request) as session:
-        current_user(session, request)
-        return [_window_public(i, w) for i, w in offpeak.list_windows(session)]
+def list_offpeak(session: SessionDep, _: CurrentUser) -> list[OffPeakPublic]:
+    return [_window_public(i, w) for i, w in offpeak.list_windows(session)]
 
 
 @router.post("/admin/offpeak", status_code=201)
-def add_offpeak(body: OffPeakCreate, request: Request) -> OffPeakPublic:
-    text = body.discount.strip().rstrip("%").strip()
-    try:
-        percent = float(text)
-    except ValueError:
-        raise InvalidInput(f"discount {body.discount!r}: write a percentage like 40") from None
+def add_offpeak(
+    body: OffPeakCreate, session: SessionDep, _: AdminUser, request: Request
+) -> OffPeakPublic:
     window = OffPeakWindow(
         weekdays=parse_weekdays(body.weekdays),
         start_minute=parse_clock(body.start),
         end_minute=parse_clock(body.end),
-        discount_bp=round(percent * FULL_BP / 100),
+        discount_bp=parse_discount_bp(body.discount),
         tz=runtime(request).settings.timezone,
     )
-    with tx(request) as session:
-        current_admin(session, request)
-        return _window_public(offpeak.add_window(session, window), window)
+    return _window_public(offpeak.add_window(session, window), window)
 
 
 @router.delete("/admin/offpeak/{window_id}", status_code=204)
-def remove_offpeak(window_id: int, request: Request) -> Response:
-    with tx(request) as session:
-        current_admin(session, request)
-        offpeak.remove_window(session, window_id)
+def remove_offpeak(window_id: IdPath, session: SessionDep, _: AdminUser) -> Response:
+    offpeak.remove_window(session, window_id)
     return Response(status_code=204)
 
 
@@ -132,41 +129,36 @@ def _voucher_public(v: Voucher, used: int, symbol: str) -> VoucherPublic:
 
 
 @router.post("/admin/vouchers", status_code=201)
-def create_voucher(body: VoucherCreate, request: Request) -> VoucherPublic:
+def create_voucher(
+    body: VoucherCreate, session: SessionDep, admin: AdminUser, request: Request
+) -> VoucherPublic:
     amount = credits(body.amount, "amount")
     if amount is None:
         raise InvalidInput("a voucher needs an amount, e.g. 25.00")
-    symbol = runtime(request).catalog.currency_symbol
-    with tx(request) as session:
-        admin = current_admin(session, request)
-        voucher = vouchers.create_voucher(
-            session,
-            admin,
-            amount_micro=amount,
-            code=body.code,
-            expires_at=body.expires_at,
-            max_redemptions=body.max_redemptions,
-            per_user_limit=body.per_user_limit,
-        )
-        return _voucher_public(voucher, 0, symbol)
+    voucher = vouchers.create_voucher(
+        session,
+        admin,
+        amount_micro=amount,
+        code=body.code,
+        expires_at=body.expires_at,
+        max_redemptions=body.max_redemptions,
+        per_user_limit=body.per_user_limit,
+    )
+    return _voucher_public(voucher, 0, runtime(request).catalog.currency_symbol)
 
 
 @router.get("/admin/vouchers")
-def list_vouchers(request: Request) -> list[VoucherPublic]:
+def list_vouchers(session: SessionDep, _: AdminUser, request: Request) -> list[VoucherPublic]:
     symbol = runtime(request).catalog.currency_symbol
-    with tx(request) as session:
-        current_admin(session, request)
-        return [_voucher_public(v, n, symbol) for v, n in vouchers.list_vouchers(session)]
+    return [_voucher_public(v, n, symbol) for v, n in vouchers.list_vouchers(session)]
 
 
 @router.post("/vouchers/redeem")
-def redeem_voucher(body: VoucherRedeem, request: Request) -> Balance:
-    catalog = runtime(request).catalog
-    with tx(request) as session:
-        user = current_user(session, request)
-        vouchers.redeem(session, user, body.code)
-        micro = ledger.balance(session, user.id)
-    return balance_public(micro, catalog)
+def redeem_voucher(
+    body: VoucherRedeem, session: SessionDep, user: CurrentUser, request: Request
+) -> Balance:
+    vouchers.redeem(session, user, body.code)
+    return balance_public(ledger.balance(session, user.id), runtime(request).catalog)
 
 
 def _limits_public(session: Session, user_id: int) -> LimitsPublic:
@@ -185,41 +177,37 @@ def _limits_public(session: Session, user_id: int) -> LimitsPublic:
 
 
 @router.get("/limits")
-def show_limits(request: Request) -> LimitsPublic:
-    with tx(request) as session:
-        user = current_user(session, request)
-        return _limits_public(session, user.id)
+def show_limits(session: SessionDep, user: CurrentUser) -> LimitsPublic:
+    return _limits_public(session, user.id)
 
 
 @router.put("/limits")
-def set_limits(body: LimitsUpdate, request: Request) -> LimitsPublic:
-    symbol = runtime(request).catalog.currency_symbol
-    with tx(request) as session:
-        user = current_user(session, request)
-        limits.set_user_caps(
-            session,
-            user.id,
-            utcnow(),
-            max_hourly_micro=credits(body.max_hourly, "max hourly spend"),
-            monthly_budget_micro=credits(body.monthly_budget, "monthly budget"),
-            low_balance_micro=credits(body.low_balance, "low-balance threshold"),
-            symbol=symbol,
-        )
-        return _limits_public(session, user.id)
+def set_limits(
+    body: LimitsUpdate, session: SessionDep, user: CurrentUser, request: Request
+) -> LimitsPublic:
+    limits.set_user_caps(
+        session,
+        user.id,
+        utcnow(),
+        max_hourly_micro=credits(body.max_hourly, "max hourly spend"),
+        monthly_budget_micro=credits(body.monthly_budget, "monthly budget"),
+        low_balance_micro=credits(body.low_balance, "low-balance threshold"),
+        symbol=runtime(request).catalog.currency_symbol,
+    )
+    return _limits_public(session, user.id)
 
 
 @router.put("/admin/users/{name}/limits")
-def set_admin_limits(name: str, body: AdminLimitsUpdate, request: Request) -> LimitsPublic:
-    symbol = runtime(request).catalog.currency_symbol
-    with tx(request) as session:
-        current_admin(session, request)
-        user = users.get_user_by_name(session, name)
-        limits.set_admin_caps(
-            session,
-            user.id,
-            utcnow(),
-            max_hourly_micro=credits(body.max_hourly, "max hourly spend"),
-            monthly_budget_micro=credits(body.monthly_budget, "monthly budget"),
-            symbol=symbol,
-        )
-        return _limits_public(session, user.id)
+def set_admin_limits(
+    name: str, body: AdminLimitsUpdate, session: SessionDep, _: AdminUser, request: Request
+) -> LimitsPublic:
+    user = users.get_user_by_name(session, name)
+    limits.set_admin_caps(
+        session,
+        user.id,
+        utcnow(),
+        max_hourly_micro=credits(body.max_hourly, "max hourly spend"),
+        monthly_budget_micro=credits(body.monthly_budget, "monthly budget"),
+        symbol=runtime(request).catalog.currency_symbol,
+    )
+    return _limits_public(session, user.id)

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from gpulease.schemas.statements import RevenuePublic, StatementPublic
-from gpulease.server.routers.deps import current_admin, current_user, runtime, tx
+from gpulease.server.routers.deps import AdminUser, CurrentUser, SessionDep, runtime
 from gpulease.server.services import statements
 
 router = APIRouter(tags=["statements"])
@@ -25,22 +25,6 @@ def _period(
     return statements.parse_period(start, end, tz or runtime(request).settings.timezone)
 
 
-def _statement(
-    request: Request, start: str | None, end: str | None, tz: str | None
-) -> StatementPublic:
-    with tx(request) as session:
-        user = current_user(session, request)
-        period = _period(request, start, end, tz)
-        return statements.user_statement(session, user, period, runtime(request).catalog)
-
-
-def _revenue(request: Request, start: str | None, end: str | None, tz: str | None) -> RevenuePublic:
-    with tx(request) as session:
-        current_admin(session, request)
-        period = _period(request, start, end, tz)
-        return statements.revenue(session, period, runtime(request).catalog)
-
-
 def _csv(body: str, filename: str) -> Response:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", filename)
     return Response(
@@ -52,26 +36,54 @@ def _csv(body: str, filename: str) -> Response:
 
 @router.get("/statement")
 def statement(
-    request: Request, start: From = None, end: To = None, tz: Tz = None
+    session: SessionDep,
+    user: CurrentUser,
+    request: Request,
+    start: From = None,
+    end: To = None,
+    tz: Tz = None,
 ) -> StatementPublic:
     """Your usage in a period (default: this month): by instance, day, GPU model and kind."""
-    return _statement(request, start, end, tz)
+    period = _period(request, start, end, tz)
+    return statements.user_statement(session, user, period, runtime(request).catalog)
 
 
 @router.get("/statement.csv", response_class=Response)
-def statement_csv(request: Request, start: From = None, end: To = None, tz: Tz = None) -> Response:
-    found = _statement(request, start, end, tz)
+def statement_csv(
+    session: SessionDep,
+    user: CurrentUser,
+    request: Request,
+    start: From = None,
+    end: To = None,
+    tz: Tz = None,
+) -> Response:
+    found = statement(session, user, request, start, end, tz)
     name = f"gpulease-statement-{found.user}-{found.start}-{found.end}.csv"
     return _csv(statements.statement_csv(found), name)
 
 
 @router.get("/admin/revenue")
-def revenue(request: Request, start: From = None, end: To = None, tz: Tz = None) -> RevenuePublic:
+def revenue(
+    session: SessionDep,
+    _: AdminUser,
+    request: Request,
+    start: From = None,
+    end: To = None,
+    tz: Tz = None,
+) -> RevenuePublic:
     """Revenue and GPU-hours sold per GPU model per day (admins only)."""
-    return _revenue(request, start, end, tz)
+    period = _period(request, start, end, tz)
+    return statements.revenue(session, period, runtime(request).catalog)
 
 
 @router.get("/admin/revenue.csv", response_class=Response)
-def revenue_csv(request: Request, start: From = None, end: To = None, tz: Tz = None) -> Response:
-    found = _revenue(request, start, end, tz)
+def revenue_csv(
+    session: SessionDep,
+    admin: AdminUser,
+    request: Request,
+    start: From = None,
+    end: To = None,
+    tz: Tz = None,
+) -> Response:
+    found = revenue(session, admin, request, start, end, tz)
     return _csv(statements.revenue_csv(found), f"gpulease-revenue-{found.start}-{found.end}.csv")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from gpulease.schemas.support import (
     SupportReply,
@@ -10,54 +10,47 @@ from gpulease.schemas.support import (
     SupportTicketDetail,
     SupportTicketPublic,
 )
-from gpulease.server.routers.deps import current_user, tx
+from gpulease.server.routers.deps import CurrentUser, IdPath, SessionDep
 from gpulease.server.services import support
 
 router = APIRouter(tags=["support"])
 
 
 @router.post("/support/tickets", status_code=201)
-def open_ticket(body: SupportTicketCreate, request: Request) -> SupportTicketDetail:
-    with tx(request) as session:
-        user = current_user(session, request)
-        ticket = support.open_ticket(
-            session,
-            user,
-            body.subject,
-            body.body,
-            instance_ref=body.instance,
-            run_id=body.run_id,
-            attach_log=body.attach_log,
-        )
-        return support.ticket_detail(session, ticket)
+def open_ticket(
+    body: SupportTicketCreate, session: SessionDep, user: CurrentUser
+) -> SupportTicketDetail:
+    ticket = support.open_ticket(
+        session,
+        user,
+        body.subject,
+        body.body,
+        instance_ref=body.instance,
+        run_id=body.run_id,
+        attach_log=body.attach_log,
+    )
+    return support.ticket_detail(session, ticket)
 
 
 @router.get("/support/tickets")
-def list_tickets(request: Request) -> list[SupportTicketPublic]:
+def list_tickets(session: SessionDep, user: CurrentUser) -> list[SupportTicketPublic]:
     """Your tickets; an admin gets everyone's."""
-    with tx(request) as session:
-        user = current_user(session, request)
-        return [support.ticket_public(session, t) for t in support.list_tickets(session, user)]
+    return [support.ticket_public(session, t) for t in support.list_tickets(session, user)]
 
 
 @router.get("/support/tickets/{ticket_id}")
-def show_ticket(ticket_id: int, request: Request) -> SupportTicketDetail:
-    with tx(request) as session:
-        user = current_user(session, request)
-        return support.ticket_detail(session, support.get_ticket(session, user, ticket_id))
+def show_ticket(ticket_id: IdPath, session: SessionDep, user: CurrentUser) -> SupportTicketDetail:
+    return support.ticket_detail(session, support.get_ticket(session, user, ticket_id))
 
 
 @router.post("/support/tickets/{ticket_id}/messages", status_code=201)
-def reply(ticket_id: int, body: SupportReply, request: Request) -> SupportTicketDetail:
-    with tx(request) as session:
-        user = current_user(session, request)
-        support.add_message(session, user, ticket_id, body.body)
-        return support.ticket_detail(session, support.get_ticket(session, user, ticket_id))
+def reply(
+    ticket_id: IdPath, body: SupportReply, session: SessionDep, user: CurrentUser
+) -> SupportTicketDetail:
+    support.add_message(session, user, ticket_id, body.body)
+    return support.ticket_detail(session, support.get_ticket(session, user, ticket_id))
 
 
 @router.post("/support/tickets/{ticket_id}/close")
-def close(ticket_id: int, request: Request) -> SupportTicketDetail:
-    with tx(request) as session:
-        user = current_user(session, request)
-        ticket = support.close_ticket(session, user, ticket_id)
-        return support.ticket_detail(session, ticket)
+def close(ticket_id: IdPath, session: SessionDep, user: CurrentUser) -> SupportTicketDetail:
+    return support.ticket_detail(session, support.close_ticket(session, user, ticket_id))

@@ -9,7 +9,7 @@ from gpulease.core.money import format_credits
 from gpulease.schemas.billing import TeamCreate, TeamMemberPublic, TeamMemberUpdate, TeamPublic
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Team, User
-from gpulease.server.routers.deps import credits, current_user, runtime, tx
+from gpulease.server.routers.deps import CurrentUser, SessionDep, credits, runtime
 from gpulease.server.services import ledger
 from gpulease.server.services.billing import limits, teams
 
@@ -42,39 +42,38 @@ def _public(session: Session, request: Request, team: Team, viewer: User) -> Tea
 
 
 @router.post("/teams", status_code=201)
-def create_team(body: TeamCreate, request: Request) -> TeamPublic:
-    with tx(request) as session:
-        user = current_user(session, request)
-        return _public(session, request, teams.create_team(session, user, body.name), user)
+def create_team(
+    body: TeamCreate, session: SessionDep, user: CurrentUser, request: Request
+) -> TeamPublic:
+    return _public(session, request, teams.create_team(session, user, body.name), user)
 
 
 @router.get("/teams")
-def list_teams(request: Request) -> list[TeamPublic]:
-    with tx(request) as session:
-        user = current_user(session, request)
-        return [_public(session, request, t, user) for t in teams.my_teams(session, user)]
+def list_teams(session: SessionDep, user: CurrentUser, request: Request) -> list[TeamPublic]:
+    return [_public(session, request, t, user) for t in teams.my_teams(session, user)]
 
 
 @router.get("/teams/{name}")
-def show_team(name: str, request: Request) -> TeamPublic:
-    with tx(request) as session:
-        user = current_user(session, request)
-        team, _ = teams.team_for_member(session, user, name)
-        return _public(session, request, team, user)
+def show_team(name: str, session: SessionDep, user: CurrentUser, request: Request) -> TeamPublic:
+    team, _ = teams.team_for_member(session, user, name)
+    return _public(session, request, team, user)
 
 
 @router.put("/teams/{name}/members/{member}")
-def set_member(name: str, member: str, body: TeamMemberUpdate, request: Request) -> TeamPublic:
-    with tx(request) as session:
-        user = current_user(session, request)
-        team = teams.team_for_owner(session, user, name)
-        teams.set_member(session, team, member, credits(body.monthly_limit, "monthly limit"))
-        return _public(session, request, team, user)
+def set_member(
+    name: str,
+    member: str,
+    body: TeamMemberUpdate,
+    session: SessionDep,
+    user: CurrentUser,
+    request: Request,
+) -> TeamPublic:
+    team = teams.team_for_owner(session, user, name)
+    teams.set_member(session, team, member, credits(body.monthly_limit, "monthly limit"))
+    return _public(session, request, team, user)
 
 
 @router.delete("/teams/{name}/members/{member}", status_code=204)
-def remove_member(name: str, member: str, request: Request) -> Response:
-    with tx(request) as session:
-        user = current_user(session, request)
-        teams.remove_member(session, teams.team_for_owner(session, user, name), member)
+def remove_member(name: str, member: str, session: SessionDep, user: CurrentUser) -> Response:
+    teams.remove_member(session, teams.team_for_owner(session, user, name), member)
     return Response(status_code=204)

@@ -55,6 +55,13 @@ def get_dataset(session: Session, owner: User, name: str) -> Dataset:
     return dataset
 
 
+def dataset_of(session: Session, version: DatasetVersion) -> Dataset:
+    """The dataset a version belongs to (as it is now: a commit updates its totals)."""
+    dataset = session.get(Dataset, version.dataset_id)
+    assert dataset is not None, "a version always belongs to a dataset"
+    return dataset
+
+
 def versions(session: Session, dataset: Dataset) -> list[DatasetVersion]:
     return list(
         session.scalars(

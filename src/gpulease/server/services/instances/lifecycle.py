@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog, parse_accelerators
 from gpulease.core.errors import Conflict, InvalidInput, NotFound, PaymentRequired
+from gpulease.core.ids import parse_id
 from gpulease.core.money import cost_for_seconds, format_credits
 from gpulease.scheduler.fifo import Request, queue_positions
 from gpulease.server.db import utcnow
@@ -151,8 +152,8 @@ def get_instance(session: Session, owner: User, ref: str | int) -> Instance:
     """An instance of owner's by id or name. Someone else's is simply not found."""
     text = str(ref)
     query = select(Instance).where(Instance.owner_id == owner.id)
-    if text.isdigit():
-        query = query.where(Instance.id == int(text))
+    if text.isascii() and text.isdigit():
+        query = query.where(Instance.id == (parse_id(text) or 0))
     else:
         query = query.where(Instance.name == text).order_by(Instance.id.desc())
     instance = session.scalars(query).first()
