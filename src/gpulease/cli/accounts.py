@@ -9,23 +9,21 @@ from typing import Annotated
 import typer
 
 from gpulease.cli import connection
-from gpulease.cli.connection import logged_in_client, server_url_or_saved
+from gpulease.cli.connection import fetch, logged_in_client, server_url_or_saved
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
-    add_row,
     console,
+    emit,
+    emit_rows,
     note,
-    print_json,
     show_fields,
-    show_table,
-    table,
     when,
 )
 from gpulease.cli.trust import ReplaceOption, YesOption, confirm_server_certificate
 from gpulease.client import ClientError, Login, config_path, save_login
 from gpulease.client.config import TOKEN_ENV, forget_token, normalize_server_url
-from gpulease.schemas.accounts import LoginRequest, RegisterRequest, TokenCreate
+from gpulease.schemas.accounts import LoginRequest, RegisterRequest, TokenCreate, TokenCreated
 
 
 def _server_url(value: str | None) -> str:
@@ -124,18 +122,15 @@ def whoami(output: OutputOption = OutputFormat.table) -> None:
     """Who the saved login is, on which server."""
     with logged_in_client() as client:
         user = client.auth.me()
-    if output is OutputFormat.json:
-        print_json({**user.model_dump(mode="json"), "server": client.server_url})
-        return
-    show_fields(
-        [
-            ("user", user.name),
-            ("role", user.role),
-            ("server", client.server_url),
-            ("since", when(user.created_at)),
-            ("config", config_path()),
-        ]
-    )
+    found = {**user.model_dump(mode="json"), "server": client.server_url}
+    fields = [
+        ("user", user.name),
+        ("role", user.role),
+        ("server", client.server_url),
+        ("since", when(user.created_at)),
+        ("config", config_path()),
+    ]
+    emit(found, output, lambda _: show_fields(fields))
 
 
 token_app = typer.Typer(help="API tokens for scripts and other machines.", no_args_is_help=True)
@@ -147,11 +142,10 @@ def token_create(
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Create an API token; its secret is shown this once only."""
-    with logged_in_client() as client:
-        created = client.tokens.create(TokenCreate(name=name))
-    if output is OutputFormat.json:
-        print_json(created)
-        return
+    emit(fetch(lambda client: client.tokens.create(TokenCreate(name=name))), output, _show_created)
+
+
+def _show_created(created: TokenCreated) -> None:
     typer.echo(created.token)
     note(f"token {created.info.id} ({created.info.name}): copy it now, it is not shown again")
 
@@ -161,21 +155,20 @@ def token_list(output: OutputOption = OutputFormat.table) -> None:
     """Your API tokens (secrets are never shown again, only their first characters)."""
     with logged_in_client() as client:
         tokens = client.tokens.list()
-    if output is OutputFormat.json:
-        print_json(tokens)
-        return
-    result = table("ID", "NAME", "PREFIX", "CREATED", "LAST USED", "REVOKED")
-    for t in tokens:
-        add_row(
-            result,
+    emit_rows(
+        tokens,
+        output,
+        ("ID", "NAME", "PREFIX", "CREATED", "LAST USED", "REVOKED"),
+        lambda t: (
             t.id,
             t.name,
             t.prefix + "…",
             when(t.created_at),
             when(t.last_used_at),
             when(t.revoked_at),
-        )
-    show_table(result, empty="no tokens")
+        ),
+        empty="no tokens",
+    )
 
 
 @token_app.command("revoke")

@@ -7,24 +7,28 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from gpulease.cli.connection import logged_in_client
+from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
-    add_row,
     console,
+    emit,
+    emit_rows,
     fail,
     note,
-    print_json,
     show_fields,
-    show_table,
-    table,
     when,
 )
 from gpulease.core.catalog import parse_accelerators
 from gpulease.core.errors import InvalidInput
-from gpulease.schemas.autostop import AutostopPublic, AutostopUpdate, ScheduleCreate, TimezoneUpdate
-from gpulease.schemas.instances import ResizeRequest
+from gpulease.schemas.autostop import (
+    AutostopPublic,
+    AutostopUpdate,
+    ScheduleCreate,
+    SchedulePublic,
+    TimezoneUpdate,
+)
+from gpulease.schemas.instances import InstancePublic, ResizeRequest
 
 RefArgument = Annotated[str, typer.Argument(metavar="REF", help="instance id or name")]
 
@@ -92,10 +96,7 @@ def autostop(
                     stop_after_run=after_run,
                 ),
             )
-    if output is OutputFormat.json:
-        print_json(result)
-    else:
-        _show_autostop(result)
+    emit(result, output, _show_autostop)
 
 
 @schedule_app.command("add")
@@ -121,9 +122,10 @@ def schedule_add(
             for action, cron in (("start", start), ("stop", stop))
             if cron is not None
         ]
-    if output is OutputFormat.json:
-        print_json(made)
-        return
+    emit(made, output, _show_made)
+
+
+def _show_made(made: list[SchedulePublic]) -> None:
     for s in made:
         console().print(
             f"schedule {s.id}: {s.action} at {escape(repr(s.cron))} ({escape(s.timezone)}), "
@@ -134,17 +136,13 @@ def schedule_add(
 @schedule_app.command("ls")
 def schedule_ls(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
     """The instance's schedules and when each fires next."""
-    with logged_in_client() as client:
-        found = client.autostop.schedules(ref)
-    if output is OutputFormat.json:
-        print_json(found)
-        return
-    result = table("ID", "ACTION", "CRON", "TIME ZONE", "NEXT", "LAST")
-    for s in found:
-        add_row(
-            result, s.id, s.action, s.cron, s.timezone, when(s.next_fire_at), when(s.last_fired_at)
-        )
-    show_table(result, empty='no schedules; add one with --start "0 9 * * 1-5"')
+    emit_rows(
+        fetch(lambda client: client.autostop.schedules(ref)),
+        output,
+        ("ID", "ACTION", "CRON", "TIME ZONE", "NEXT", "LAST"),
+        lambda s: (s.id, s.action, s.cron, s.timezone, when(s.next_fire_at), when(s.last_fired_at)),
+        empty='no schedules; add one with --start "0 9 * * 1-5"',
+    )
 
 
 @schedule_app.command("rm")
@@ -192,9 +190,10 @@ def resize(
         instance = client.instances.resize(
             ref, ResizeRequest(gpu_model=model, gpu_count=count, no_gpu=no_gpu)
         )
-    if output is OutputFormat.json:
-        print_json(instance)
-        return
+    emit(instance, output, _show_resized)
+
+
+def _show_resized(instance: InstancePublic) -> None:
     gpu = "CPU only" if instance.gpu_count == 0 else f"{instance.gpu_model}:{instance.gpu_count}"
     console().print(
         f"instance {instance.id} [bold]{escape(instance.name)}[/bold]: {escape(gpu)}, "

@@ -6,30 +6,34 @@ from typing import Annotated
 
 import typer
 
-from gpulease.cli.connection import logged_in_client
+from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
     add_row,
     console,
-    print_json,
+    emit,
+    emit_rows,
     show_fields,
     show_table,
     table,
     when,
 )
 from gpulease.core.money import format_credits
-from gpulease.schemas.ledger import GrantCreate
+from gpulease.schemas.ledger import GrantCreate, Usage
 
 
 def balance(output: OutputOption = OutputFormat.table) -> None:
     """Your credit, in money and in NCU (1 NCU = one A100 for 24 hours)."""
     with logged_in_client() as client:
         found = client.billing.balance()
-    if output is OutputFormat.json:
-        print_json(found)
-        return
-    show_fields([("balance", f"{found.balance} {found.currency}"), ("ncu", found.ncu)])
+    emit(
+        found,
+        output,
+        lambda found: show_fields(
+            [("balance", f"{found.balance} {found.currency}"), ("ncu", found.ncu)]
+        ),
+    )
 
 
 def _duration(seconds: int) -> str:
@@ -40,11 +44,10 @@ def _duration(seconds: int) -> str:
 
 def usage(output: OutputOption = OutputFormat.table) -> None:
     """What you were billed: GPU usage segments, then every ledger line."""
-    with logged_in_client() as client:
-        found = client.billing.usage()
-    if output is OutputFormat.json:
-        print_json(found)
-        return
+    emit(fetch(lambda client: client.billing.usage()), output, _show_usage)
+
+
+def _show_usage(found: Usage) -> None:
     segments = table(
         "INSTANCE", "GPU", "RATE/H", "STARTED", "ENDED", "BILLED", "CHARGED", title="usage"
     )
@@ -81,21 +84,22 @@ def grant(
     """Give a user credit."""
     with logged_in_client() as client:
         line = client.admin.grant(GrantCreate(user=user, amount=amount, memo=memo))
-    if output is OutputFormat.json:
-        print_json(line)
-        return
-    console().print(f"granted {line.amount} to {user} (ledger entry {line.id})", markup=False)
+    emit(
+        line,
+        output,
+        lambda line: console().print(
+            f"granted {line.amount} to {user} (ledger entry {line.id})", markup=False
+        ),
+    )
 
 
 @admin_app.command("users")
 def users(output: OutputOption = OutputFormat.table) -> None:
     """All accounts on this server."""
-    with logged_in_client() as client:
-        found = client.admin.users()
-    if output is OutputFormat.json:
-        print_json(found)
-        return
-    result = table("ID", "NAME", "ROLE", "CREATED")
-    for u in found:
-        add_row(result, u.id, u.name, u.role, when(u.created_at))
-    show_table(result, empty="no users")
+    emit_rows(
+        fetch(lambda client: client.admin.users()),
+        output,
+        ("ID", "NAME", "ROLE", "CREATED"),
+        lambda u: (u.id, u.name, u.role, when(u.created_at)),
+        empty="no users",
+    )

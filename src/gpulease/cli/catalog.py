@@ -8,12 +8,13 @@ from typing import Annotated
 
 import typer
 
-from gpulease.cli.connection import logged_in_client
+from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
     add_row,
     console,
+    emit,
     fail,
     print_json,
     show_table,
@@ -22,6 +23,7 @@ from gpulease.cli.output import (
 )
 from gpulease.schemas.catalog import (
     GpuModelPublic,
+    NodePublic,
     TemplateAvailabilityPublic,
     TemplatePublic,
     TemplateSave,
@@ -118,11 +120,10 @@ def templates(ctx: typer.Context, output: OutputOption = OutputFormat.table) -> 
     (mine/NAME), each with the GPU models whose nodes run it and, where not, why."""
     if ctx.invoked_subcommand is not None:
         return
-    with logged_in_client() as client:
-        found = client.templates.list()
-    if output is OutputFormat.json:
-        print_json(found)
-        return
+    emit(fetch(lambda client: client.templates.list()), output, _show_templates)
+
+
+def _show_templates(found: list[TemplatePublic]) -> None:
     result = table("TEMPLATE", "BUILD", "PYTHON", "CUDA", "RUNS ON", "UNAVAILABLE", "DESCRIPTION")
     for t in found:
         name = t.name if t.status == "ready" else f"{t.name} ({t.status})"
@@ -151,9 +152,10 @@ def save(
         while wait and saved.status == "pending" and time.monotonic() < deadline:
             time.sleep(SAVE_POLL_S)
             saved = next((t for t in client.templates.list() if t.name == saved.name), saved)
-    if output is OutputFormat.json:
-        print_json(saved)
-        return
+    emit(saved, output, _show_save)
+
+
+def _show_save(saved: TemplatePublic) -> None:
     if saved.status == "failed":
         fail(f"template {saved.name} could not be saved: {saved.error}")
     if saved.status == "pending":
@@ -179,11 +181,10 @@ def remove(
 
 def nodes(output: OutputOption = OutputFormat.table) -> None:
     """GPU hosts and their state (admins only)."""
-    with logged_in_client() as client:
-        found = client.catalog.nodes()
-    if output is OutputFormat.json:
-        print_json(found)
-        return
+    emit(fetch(lambda client: client.catalog.nodes()), output, _show_nodes)
+
+
+def _show_nodes(found: list[NodePublic]) -> None:
     result = table("NODE", "BACKEND", "STATUS", "GPUS", "IN USE", "DRIVER", "CUDA", "LAST SEEN")
     for n in found:
         counts = Counter(g.model or g.nvml_name for g in n.gpus)

@@ -8,9 +8,14 @@ process. Nothing else in the CLI constructs a GpuleaseClient, and commands call 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from gpulease.client import GpuleaseClient, Login, resolve_login
 from gpulease.client.config import trusted_certificate
 from gpulease.client.errors import NotLoggedIn
+
+T = TypeVar("T")
 
 LOGIN_HINT = "run `gpulease login --server URL` (or `gpulease register --server URL`) first"
 
@@ -31,6 +36,12 @@ def logged_in_client() -> GpuleaseClient:
     if login.server is None or login.token is None:
         raise NotLoggedIn(f"not logged in: {LOGIN_HINT}")
     return open_client(login.server, login.token)
+
+
+def fetch(call: Callable[[GpuleaseClient], T]) -> T:
+    """`call(client)` on a client for the saved login, closed again before it returns."""
+    with logged_in_client() as client:
+        return call(client)
 
 
 def server_url_or_saved(server: str | None) -> str:

@@ -18,12 +18,13 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from gpulease.cli.connection import logged_in_client
+from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
     add_row,
     console,
+    emit,
     err_console,
     fail,
     note,
@@ -34,6 +35,7 @@ from gpulease.cli.output import (
     when,
 )
 from gpulease.core.datasets import format_bytes
+from gpulease.schemas.datasets import DatasetDetail, DatasetList
 
 EXIT_INTERRUPTED = 130
 
@@ -129,11 +131,10 @@ def push(
 @dataset_app.command("ls")
 def list_(output: OutputOption = OutputFormat.table) -> None:
     """Your datasets and your storage use."""
-    with logged_in_client() as client:
-        found = client.datasets.list()
-    if output is OutputFormat.json:
-        print_json(found)
-        return
+    emit(fetch(lambda client: client.datasets.list()), output, _show_datasets)
+
+
+def _show_datasets(found: DatasetList) -> None:
     result = table("NAME", "VERSION", "FILES", "SIZE", "UPDATED")
     for d in found.datasets:
         add_row(
@@ -155,11 +156,10 @@ def list_(output: OutputOption = OutputFormat.table) -> None:
 @dataset_app.command("show")
 def show(name: NameArgument, output: OutputOption = OutputFormat.table) -> None:
     """A dataset: its versions and its recent pushes."""
-    with logged_in_client() as client:
-        detail = client.datasets.get(name)
-    if output is OutputFormat.json:
-        print_json(detail)
-        return
+    emit(fetch(lambda client: client.datasets.get(name)), output, _show_dataset)
+
+
+def _show_dataset(detail: DatasetDetail) -> None:
     d = detail.dataset
     show_fields(
         [
@@ -203,12 +203,13 @@ def remove(name: NameArgument, output: OutputOption = OutputFormat.table) -> Non
     """Remove a dataset and all its versions (refused while an instance mounts it)."""
     with logged_in_client() as client:
         removed = client.datasets.remove(name)
-    if output is OutputFormat.json:
-        print_json(removed)
-        return
-    console().print(
-        f"removed dataset {removed.name}; freed {format_bytes(removed.freed_bytes)}",
-        markup=False,
+    emit(
+        removed,
+        output,
+        lambda removed: console().print(
+            f"removed dataset {removed.name}; freed {format_bytes(removed.freed_bytes)}",
+            markup=False,
+        ),
     )
 
 

@@ -7,18 +7,19 @@ from typing import Annotated
 
 import typer
 
-from gpulease.cli.connection import logged_in_client
+from gpulease.cli.connection import fetch
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
     add_row,
     console,
+    emit,
     note,
-    print_json,
     show_table,
     table,
 )
 from gpulease.core.estimates import MODELS
+from gpulease.schemas.estimates import EstimatePublic
 
 
 def wall_time(seconds: int) -> str:
@@ -55,11 +56,18 @@ def estimate(
 ) -> None:
     """Expected GPU-hours, wall time, NCU and cost of training an image classifier, for
     every GPU model in this server's catalog, at its prices."""
-    with logged_in_client() as client:
-        found = client.estimates.get(model, images, epochs, image_size=image_size, gpus=gpus)
-    if output is OutputFormat.json:
-        print_json(found)
-        return
+    emit(
+        fetch(
+            lambda client: client.estimates.get(
+                model, images, epochs, image_size=image_size, gpus=gpus
+            )
+        ),
+        output,
+        _show_estimate,
+    )
+
+
+def _show_estimate(found: EstimatePublic) -> None:
     title = (
         f"{found.model}: {found.images:,} images × {found.epochs:,} epochs at "
         f"{found.image_size}×{found.image_size}, {found.gpus} GPU"

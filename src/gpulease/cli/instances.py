@@ -8,12 +8,13 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from gpulease.cli.connection import logged_in_client
+from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
     add_row,
     console,
+    emit,
     err_console,
     fail,
     note,
@@ -169,11 +170,10 @@ def list_(
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Your instances."""
-    with logged_in_client() as client:
-        found = client.instances.list(include_released=all_)
-    if output is OutputFormat.json:
-        print_json(found)
-        return
+    emit(fetch(lambda client: client.instances.list(include_released=all_)), output, _show_list)
+
+
+def _show_list(found: list[InstancePublic]) -> None:
     result = table("ID", "NAME", "STATUS", "GPU", "TEMPLATE", "NODE", "PRICE/H", "CREATED")
     for i in found:
         status = i.status
@@ -198,24 +198,25 @@ def show(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
     """One instance in detail."""
     with logged_in_client() as client:
         i = client.instances.get(ref)
-    if output is OutputFormat.json:
-        print_json(i)
-        return
-    show_fields(
-        [
-            ("id", i.id),
-            ("name", i.name),
-            ("status", status_text(i)),
-            ("desired", i.desired_state),
-            ("gpu", gpu_text(i)),
-            ("gpu indices", ", ".join(map(str, i.gpu_indices))),
-            ("template", i.template),
-            ("datasets", ", ".join(f"/data/{n} (v{v})" for n, v in i.datasets.items())),
-            ("node", i.node),
-            ("price", f"{i.hourly}/h"),
-            ("created", when(i.created_at)),
-            ("started", when(i.started_at)),
-        ]
+    emit(
+        i,
+        output,
+        lambda i: show_fields(
+            [
+                ("id", i.id),
+                ("name", i.name),
+                ("status", status_text(i)),
+                ("desired", i.desired_state),
+                ("gpu", gpu_text(i)),
+                ("gpu indices", ", ".join(map(str, i.gpu_indices))),
+                ("template", i.template),
+                ("datasets", ", ".join(f"/data/{n} (v{v})" for n, v in i.datasets.items())),
+                ("node", i.node),
+                ("price", f"{i.hourly}/h"),
+                ("created", when(i.created_at)),
+                ("started", when(i.started_at)),
+            ]
+        ),
     )
 
 
@@ -254,7 +255,4 @@ def _act(ref: str, action: str, output: OutputFormat) -> None:
             instance = client.instances.start(ref, InstanceStart(no_gpu=True))
         else:
             instance = client.instances.release(ref)
-    if output is OutputFormat.json:
-        print_json(instance)
-    else:
-        _print_instance_line(instance)
+    emit(instance, output, _print_instance_line)

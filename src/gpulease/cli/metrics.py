@@ -6,8 +6,16 @@ from typing import Annotated
 
 import typer
 
-from gpulease.cli.connection import logged_in_client
-from gpulease.cli.output import OutputFormat, OutputOption, add_row, print_json, show_table, table
+from gpulease.cli.connection import fetch
+from gpulease.cli.output import (
+    OutputFormat,
+    OutputOption,
+    add_row,
+    emit,
+    show_table,
+    table,
+)
+from gpulease.schemas.metrics import RunMetrics
 
 
 def _number(value: float | None) -> str | None:
@@ -29,11 +37,14 @@ def metrics(
 
     -o json prints each curve too (downsampled to --max-points, extremes kept).
     """
-    with logged_in_client() as client:
-        found = client.runs.metrics(run_id, key or None, max_points=max_points)
-    if output is OutputFormat.json:
-        print_json(found)
-        return
+    emit(
+        fetch(lambda client: client.runs.metrics(run_id, key or None, max_points=max_points)),
+        output,
+        lambda f: _show_metrics(f, run_id, key),
+    )
+
+
+def _show_metrics(found: RunMetrics, run_id: int, key: list[str] | None) -> None:
     result = table("KEY", "STEP", "LATEST", "MIN", "MAX", "POINTS", title=f"run {run_id}")
     for s in found.series:
         if s.raw_count == 0:

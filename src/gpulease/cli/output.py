@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+D = TypeVar("D", bound=BaseModel | Sequence[BaseModel] | dict[str, Any])
+R = TypeVar("R", bound=BaseModel)
 
 
 class OutputFormat(StrEnum):
@@ -96,3 +99,32 @@ def show_fields(fields: Sequence[tuple[str, object]]) -> None:
 def add_row(result: Table, *cells: object) -> None:
     """Add a row of plain text: names, memos and commands are never read as Rich markup."""
     result.add_row(*("-" if cell is None else escape(str(cell)) for cell in cells))
+
+
+def emit(data: D, output: OutputFormat, show: Callable[[D], object]) -> None:
+    """What a command found: JSON for scripts (`-o json`), `show(data)` for people."""
+    if output is OutputFormat.json:
+        print_json(data)
+    else:
+        show(data)
+
+
+def emit_rows(
+    rows: Sequence[R],
+    output: OutputFormat,
+    columns: Sequence[str],
+    cells: Callable[[R], Sequence[object]],
+    *,
+    empty: str,
+    title: str | None = None,
+) -> None:
+    """A listing: JSON for scripts, else a table of `cells(row)` per row (`empty` when
+    there are none)."""
+
+    def show(found: Sequence[R]) -> None:
+        result = table(*columns, title=title)
+        for row in found:
+            add_row(result, *cells(row))
+        show_table(result, empty=empty)
+
+    emit(rows, output, show)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
 from gpulease.cli.connection import logged_in_client
 from gpulease.cli.output import add_row, console, print_json, show_fields, show_table, table
+from gpulease.client import GpuleaseClient
 from gpulease.core.money import format_credits
+from gpulease.schemas.statements import RevenuePublic, StatementPublic
+
+M = TypeVar("M", StatementPublic, RevenuePublic)
 
 
 class ReportFormat(StrEnum):
@@ -44,14 +49,33 @@ def statement(
     output: ReportOption = ReportFormat.table,
 ) -> None:
     """Your usage and charges for a period: by GPU model, day, instance and kind."""
+    _report(
+        output,
+        lambda client: client.statements.csv(start, end, tz=tz),
+        lambda client: client.statements.get(start, end, tz=tz),
+        _show_statement,
+    )
+
+
+def _report(
+    output: ReportFormat,
+    csv: Callable[[GpuleaseClient], str],
+    fetch: Callable[[GpuleaseClient], M],
+    show: Callable[[M], None],
+) -> None:
+    """CSV text from the server, or what `fetch` finds as JSON or for people."""
     with logged_in_client() as client:
         if output is ReportFormat.csv:
-            typer.echo(client.statements.csv(start, end, tz=tz), nl=False)
+            typer.echo(csv(client), nl=False)
             return
-        found = client.statements.get(start, end, tz=tz)
+        found = fetch(client)
     if output is ReportFormat.json:
         print_json(found)
-        return
+    else:
+        show(found)
+
+
+def _show_statement(found: StatementPublic) -> None:
     totals = found.totals
     show_fields(
         [
@@ -89,14 +113,15 @@ def revenue(
     output: ReportOption = ReportFormat.table,
 ) -> None:
     """Revenue and GPU-hours sold per GPU model per day (admins only)."""
-    with logged_in_client() as client:
-        if output is ReportFormat.csv:
-            typer.echo(client.statements.revenue_csv(start, end, tz=tz), nl=False)
-            return
-        found = client.statements.revenue(start, end, tz=tz)
-    if output is ReportFormat.json:
-        print_json(found)
-        return
+    _report(
+        output,
+        lambda client: client.statements.revenue_csv(start, end, tz=tz),
+        lambda client: client.statements.revenue(start, end, tz=tz),
+        _show_revenue,
+    )
+
+
+def _show_revenue(found: RevenuePublic) -> None:
     symbol = found.currency_symbol
     show_fields(
         [

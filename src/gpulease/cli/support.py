@@ -8,18 +8,16 @@ from typing import Annotated
 
 import typer
 
-from gpulease.cli.connection import logged_in_client
+from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
-    add_row,
     console,
+    emit,
+    emit_rows,
     fail,
     note,
-    print_json,
     show_fields,
-    show_table,
-    table,
     when,
 )
 from gpulease.schemas.support import SupportReply, SupportTicketCreate, SupportTicketDetail
@@ -98,37 +96,31 @@ def open_(
                 attach_log=attach_log,
             )
         )
-    if output is OutputFormat.json:
-        print_json(ticket)
-        return
-    note(f"opened ticket #{ticket.id}; see replies with `gpulease ticket show {ticket.id}`")
+    emit(
+        ticket,
+        output,
+        lambda ticket: note(
+            f"opened ticket #{ticket.id}; see replies with `gpulease ticket show {ticket.id}`"
+        ),
+    )
 
 
 @ticket_app.command("list")
 def list_(output: OutputOption = OutputFormat.table) -> None:
     """Your tickets (an admin: everyone's), latest activity first."""
-    with logged_in_client() as client:
-        found = client.support.list()
-    if output is OutputFormat.json:
-        print_json(found)
-        return
-    result = table("ID", "SUBJECT", "FROM", "STATUS", "RUN", "INSTANCE", "UPDATED")
-    for t in found:
-        add_row(
-            result, t.id, t.subject, t.owner, t.status, t.run_id, t.instance, when(t.updated_at)
-        )
-    show_table(result, empty="no tickets; open one with `gpulease ticket open -s SUBJECT -m TEXT`")
+    emit_rows(
+        fetch(lambda client: client.support.list()),
+        output,
+        ("ID", "SUBJECT", "FROM", "STATUS", "RUN", "INSTANCE", "UPDATED"),
+        lambda t: (t.id, t.subject, t.owner, t.status, t.run_id, t.instance, when(t.updated_at)),
+        empty="no tickets; open one with `gpulease ticket open -s SUBJECT -m TEXT`",
+    )
 
 
 @ticket_app.command("show")
 def show(ticket_id: TicketArgument, output: OutputOption = OutputFormat.table) -> None:
     """A ticket and its messages."""
-    with logged_in_client() as client:
-        ticket = client.support.get(ticket_id)
-    if output is OutputFormat.json:
-        print_json(ticket)
-        return
-    _show(ticket)
+    emit(fetch(lambda client: client.support.get(ticket_id)), output, _show)
 
 
 @ticket_app.command("reply")
@@ -138,12 +130,11 @@ def reply(
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Add a message (an admin's answers the ticket; the owner's reopens it)."""
-    with logged_in_client() as client:
-        ticket = client.support.reply(ticket_id, SupportReply(body=_text(message)))
-    if output is OutputFormat.json:
-        print_json(ticket)
-        return
-    note(f"ticket #{ticket.id} is {ticket.status}")
+    emit(
+        fetch(lambda client: client.support.reply(ticket_id, SupportReply(body=_text(message)))),
+        output,
+        lambda ticket: note(f"ticket #{ticket.id} is {ticket.status}"),
+    )
 
 
 @ticket_app.command("close")

@@ -6,13 +6,14 @@ from typing import Annotated
 
 import typer
 
-from gpulease.cli.connection import logged_in_client
+from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
     add_row,
     console,
-    print_json,
+    emit,
+    emit_rows,
     show_fields,
     show_table,
     table,
@@ -42,28 +43,26 @@ def plans(
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Prices of each plan for a GPU request, and the rules you accept by choosing one."""
-    with logged_in_client() as client:
-        quotes = client.billing.plans(gpu)
-    if output is OutputFormat.json:
-        print_json(quotes)
-        return
-    result = table("PLAN", "PER HOUR", "NCU/H", "BLOCK", "RULES")
-    for q in quotes:
-        add_row(result, q.plan, q.hourly, q.hourly_ncu, _money(q.block_micro), q.rules)
-    show_table(result, empty="no plans")
+    emit_rows(
+        fetch(lambda client: client.billing.plans(gpu)),
+        output,
+        ("PLAN", "PER HOUR", "NCU/H", "BLOCK", "RULES"),
+        lambda q: (q.plan, q.hourly, q.hourly_ncu, _money(q.block_micro), q.rules),
+        empty="no plans",
+    )
 
 
 def offpeak(output: OutputOption = OutputFormat.table) -> None:
     """Off-peak windows: when GPUs cost less."""
     with logged_in_client() as client:
         windows = client.billing.offpeak()
-    if output is OutputFormat.json:
-        print_json(windows)
-        return
-    result = table("ID", "DAYS", "FROM", "TO", "DISCOUNT", "ZONE")
-    for w in windows:
-        add_row(result, w.id, ",".join(w.weekdays), w.start, w.end, f"{w.discount_percent}%", w.tz)
-    show_table(result, empty="no off-peak windows on this server")
+    emit_rows(
+        windows,
+        output,
+        ("ID", "DAYS", "FROM", "TO", "DISCOUNT", "ZONE"),
+        lambda w: (w.id, ",".join(w.weekdays), w.start, w.end, f"{w.discount_percent}%", w.tz),
+        empty="no off-peak windows on this server",
+    )
 
 
 voucher_app = typer.Typer(help="Redeem credit vouchers.", no_args_is_help=True)
@@ -81,21 +80,22 @@ limits_app = typer.Typer(help="Your spending caps and low-balance warning.", no_
 
 
 def _show_limits(found: LimitsPublic, output: OutputFormat) -> None:
-    if output is OutputFormat.json:
-        print_json(found)
-        return
-    show_fields(
-        [
-            ("max hourly spend", _money(found.effective_max_hourly_micro)),
-            ("  set by you", _money(found.max_hourly_micro)),
-            ("  admin ceiling", _money(found.admin_max_hourly_micro)),
-            ("monthly budget", _money(found.effective_monthly_budget_micro)),
-            ("  set by you", _money(found.monthly_budget_micro)),
-            ("  admin ceiling", _money(found.admin_monthly_budget_micro)),
-            ("low-balance warning", _money(found.low_balance_micro)),
-            ("spending now, per hour", _money(found.hourly_spend_micro)),
-            ("spent this month", _money(found.month_spend_micro)),
-        ]
+    emit(
+        found,
+        output,
+        lambda found: show_fields(
+            [
+                ("max hourly spend", _money(found.effective_max_hourly_micro)),
+                ("  set by you", _money(found.max_hourly_micro)),
+                ("  admin ceiling", _money(found.admin_max_hourly_micro)),
+                ("monthly budget", _money(found.effective_monthly_budget_micro)),
+                ("  set by you", _money(found.monthly_budget_micro)),
+                ("  admin ceiling", _money(found.admin_monthly_budget_micro)),
+                ("low-balance warning", _money(found.low_balance_micro)),
+                ("spending now, per hour", _money(found.hourly_spend_micro)),
+                ("spent this month", _money(found.month_spend_micro)),
+            ]
+        ),
     )
 
 
@@ -134,10 +134,7 @@ def set_limits(
 team_app = typer.Typer(help="Teams: a shared wallet and its members.", no_args_is_help=True)
 
 
-def _show_team(team: TeamPublic, output: OutputFormat) -> None:
-    if output is OutputFormat.json:
-        print_json(team)
-        return
+def _print_team(team: TeamPublic) -> None:
     console().print(f"team {team.name} (owner {team.owner}), balance {team.balance}", markup=False)
     result = table("MEMBER", "MONTHLY LIMIT", "SPENT THIS MONTH")
     for m in team.members:
@@ -149,28 +146,26 @@ def _show_team(team: TeamPublic, output: OutputFormat) -> None:
 def create_team(name: str, output: OutputOption = OutputFormat.table) -> None:
     """Create a team; you own it and its wallet."""
     with logged_in_client() as client:
-        _show_team(client.teams.create(TeamCreate(name=name)), output)
+        emit(client.teams.create(TeamCreate(name=name)), output, _print_team)
 
 
 @team_app.command("ls")
 def list_teams(output: OutputOption = OutputFormat.table) -> None:
     """Teams you belong to."""
-    with logged_in_client() as client:
-        found = client.teams.list()
-    if output is OutputFormat.json:
-        print_json(found)
-        return
-    result = table("TEAM", "OWNER", "BALANCE", "MEMBERS")
-    for t in found:
-        add_row(result, t.name, t.owner, t.balance, len(t.members))
-    show_table(result, empty="you are in no team")
+    emit_rows(
+        fetch(lambda client: client.teams.list()),
+        output,
+        ("TEAM", "OWNER", "BALANCE", "MEMBERS"),
+        lambda t: (t.name, t.owner, t.balance, len(t.members)),
+        empty="you are in no team",
+    )
 
 
 @team_app.command("show")
 def show_team(name: str, output: OutputOption = OutputFormat.table) -> None:
     """A team's balance and each member's spending (owners see everyone)."""
     with logged_in_client() as client:
-        _show_team(client.teams.get(name), output)
+        emit(client.teams.get(name), output, _print_team)
 
 
 @team_app.command("add")
@@ -183,11 +178,15 @@ def add_member(
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Add a member (or change their limit). Owners only."""
-    with logged_in_client() as client:
-        _show_team(
-            client.teams.set_member(team, user, TeamMemberUpdate(monthly_limit=monthly_limit)),
-            output,
-        )
+    emit(
+        fetch(
+            lambda client: client.teams.set_member(
+                team, user, TeamMemberUpdate(monthly_limit=monthly_limit)
+            )
+        ),
+        output,
+        _print_team,
+    )
 
 
 @team_app.command("rm")
@@ -213,13 +212,14 @@ def admin_offpeak_add(
         w = client.admin.add_offpeak(
             OffPeakCreate(weekdays=days, start=start, end=end, discount=discount)
         )
-    if output is OutputFormat.json:
-        print_json(w)
-        return
-    console().print(
-        f"window {w.id}: {','.join(w.weekdays)} {w.start}-{w.end} {w.tz}, "
-        f"{w.discount_percent}% off",
-        markup=False,
+    emit(
+        w,
+        output,
+        lambda w: console().print(
+            f"window {w.id}: {','.join(w.weekdays)} {w.start}-{w.end} {w.tz}, "
+            f"{w.discount_percent}% off",
+            markup=False,
+        ),
     )
 
 
@@ -251,23 +251,24 @@ def admin_voucher_create(
                 per_user_limit=per_user,
             )
         )
-    if output is OutputFormat.json:
-        print_json(v)
-        return
-    console().print(f"voucher {v.code}: {v.amount}, {v.max_redemptions} use(s)", markup=False)
+    emit(
+        v,
+        output,
+        lambda v: console().print(
+            f"voucher {v.code}: {v.amount}, {v.max_redemptions} use(s)", markup=False
+        ),
+    )
 
 
 def admin_voucher_ls(output: OutputOption = OutputFormat.table) -> None:
     """Issued vouchers and their use."""
-    with logged_in_client() as client:
-        found = client.admin.vouchers()
-    if output is OutputFormat.json:
-        print_json(found)
-        return
-    result = table("CODE", "AMOUNT", "USED", "EXPIRES")
-    for v in found:
-        add_row(result, v.code, v.amount, f"{v.used}/{v.max_redemptions}", when(v.expires_at))
-    show_table(result, empty="no vouchers")
+    emit_rows(
+        fetch(lambda client: client.admin.vouchers()),
+        output,
+        ("CODE", "AMOUNT", "USED", "EXPIRES"),
+        lambda v: (v.code, v.amount, f"{v.used}/{v.max_redemptions}", when(v.expires_at)),
+        empty="no vouchers",
+    )
 
 
 def admin_limits(
