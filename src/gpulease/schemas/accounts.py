@@ -40,6 +40,9 @@ class TokenPublic(Model):
 
 class TokenCreate(BaseModel):
     name: str = Field(max_length=100)
+    # Needed when the caller is the browser's session cookie (not a bearer token): script
+    # on a page the browser trusts must not mint a permanent token silently.
+    password: str | None = Field(default=None, max_length=1024)
 
 
 class TokenCreated(BaseModel):
@@ -50,3 +53,12 @@ class TokenCreated(BaseModel):
 class AuthResult(BaseModel):
     token: str
     user: UserPublic
+
+
+class FailedLoginPublic(BaseModel):
+    """A failed or refused login, for admins: who was tried, from where, why it failed."""
+
+    at: datetime
+    name: str
+    address: str
+    reason: str

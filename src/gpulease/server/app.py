@@ -35,6 +35,7 @@ from gpulease.server.routers.api import statements as statements_api
 from gpulease.server.routers.api import support as support_api
 from gpulease.server.routers.api import teams as teams_api
 from gpulease.server.routers.api import templates as templates_api
+from gpulease.server.routers.auth_limits import TokenGuessingGate
 from gpulease.server.routers.ui import pages
 from gpulease.server.runtime import Runtime, build_runtime
 from gpulease.server.settings import Settings
@@ -119,6 +120,7 @@ def create_app(
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     prometheus.install(app)  # GET /metrics and the request latency middleware
+    app.add_middleware(TokenGuessingGate)  # 429 for an address that keeps sending bad tokens
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:

@@ -1,0 +1,148 @@
+"""Guessing resistance: failed logins per account and per address, registrations and bad
+tokens per address get a 429 with Retry-After; admins see the failed logins; minting an API
+token with the browser's cookie needs the password again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.testclient import TestClient
+
+from factories import Caller, make_user
+from gpulease.server.routers.deps import SESSION_COOKIE
+from gpulease.server.runtime import Runtime
+from gpulease.server.services.ratelimit import AuthGuard, SlidingWindow
+
+WINDOW = 900  # the default GPULEASE_AUTH_WINDOW_S
+PASSWORD = "password-123"  # make_user's
+
+
+@dataclass
+class Clock:
+    now: float = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def injected_clock(http: TestClient, rt: Runtime) -> Clock:
+    clock = Clock()
+    http.app.state.auth_guard = AuthGuard(rt.settings, clock=clock)  # type: ignore[attr-defined]
+    return clock
+
+
+def login(client: TestClient, name: str, password: str) -> tuple[int, dict[str, str], str]:
+    r = client.post("/api/v1/auth/login", json={"name": name, "password": password})
+    return r.status_code, dict(r.headers), str(r.json().get("detail", ""))
+
+
+def test_wrong_passwords_lock_the_account_until_the_window_passes(
+    http: TestClient, rt: Runtime, ann: Caller
+) -> None:
+    clock = injected_clock(http, rt)
+    limit = rt.settings.login_failures_per_account
+    for _ in range(limit):
+        assert login(http, "ann", "wrong-guess-1")[0] == 401
+        clock.now += 1
+    status, headers, detail = login(http, "ann", PASSWORD)  # even the right one waits
+    assert status == 429
+    assert int(headers["retry-after"]) == WINDOW - limit
+    assert detail.startswith("too many failed logins for 'ann'; try again in 15 min (after ")
+    # another account from the same address is not locked by ann's
+    make_user(http, "bob")
+    assert login(http, "bob", PASSWORD)[0] == 200
+    clock.now += WINDOW - limit  # the first failure leaves the window
+    assert login(http, "ann", PASSWORD)[0] == 200
+
+
+def test_one_address_guessing_many_accounts_is_limited(
+    http: TestClient, rt: Runtime, ann: Caller
+) -> None:
+    clock = injected_clock(http, rt)
+    rt.settings.login_failures_per_address = 5
+    http.app.state.auth_guard = AuthGuard(rt.settings, clock=clock)  # type: ignore[attr-defined]
+    for i in range(5):
+        assert login(http, f"user{i}", "guess-guess")[0] == 401
+    status, headers, detail = login(http, "ann", PASSWORD)
+    assert status == 429 and "from your address" in detail and int(headers["retry-after"]) > 0
+    # ann from another address is not held up by this one
+    elsewhere = TestClient(http.app, client=("203.0.113.9", 4000))
+    assert login(elsewhere, "ann", PASSWORD)[0] == 200
+
+
+def test_registrations_per_address_are_limited(http: TestClient, rt: Runtime) -> None:
+    clock = injected_clock(http, rt)
+    for i in range(rt.settings.registrations_per_address):
+        make_user(http, f"user{i}")
+    r = http.post("/api/v1/auth/register", json={"name": "more", "password": PASSWORD})
+    assert r.status_code == 429 and "accounts registered from your address" in r.json()["detail"]
+    assert int(r.headers["retry-after"]) == WINDOW
+    clock.now += WINDOW
+    make_user(http, "more")
+
+
+def test_bad_bearer_tokens_from_one_address_are_limited(
+    http: TestClient, rt: Runtime, ann: Caller
+) -> None:
+    clock = injected_clock(http, rt)
+    for i in range(rt.settings.token_failures_per_address):
+        r = http.get("/api/v1/me", headers={"Authorization": f"Bearer glp_guess{i}"})
+        assert r.status_code == 401
+    r = ann.get("/api/v1/me")  # the address is held, whatever token it sends now
+    assert r.status_code == 429 and "invalid token" in r.json()["detail"]
+    assert "retry-after" in r.headers
+    elsewhere = TestClient(http.app, client=("203.0.113.9", 4000))
+    assert elsewhere.get("/api/v1/me", headers=ann.headers).status_code == 200
+    clock.now += WINDOW
+    assert ann.get("/api/v1/me").status_code == 200
+
+
+def test_admins_see_failed_logins_and_others_cannot(
+    http: TestClient, rt: Runtime, ann: Caller, admin: Caller
+) -> None:
+    injected_clock(http, rt)
+    login(http, "ann", "wrong-guess-1")
+    login(http, "nobody", "wrong-guess-2")
+    r = admin.get("/api/v1/admin/failed-logins")
+    assert r.status_code == 200, r.text
+    seen = r.json()
+    assert [(f["name"], f["reason"]) for f in seen] == [
+        ("nobody", "wrong name or password"),
+        ("ann", "wrong name or password"),
+    ]
+    assert seen[0]["address"] == "testclient" and seen[0]["at"].startswith("1970-01-12")
+    assert "wrong-guess" not in r.text  # passwords are never kept
+    r = ann.get("/api/v1/admin/failed-logins")
+    assert r.status_code == 403 and "admin" in r.json()["detail"]
+    assert http.get("/api/v1/admin/failed-logins").status_code == 401
+
+
+def test_a_token_minted_with_the_cookie_needs_the_password(http: TestClient, ann: Caller) -> None:
+    browser = TestClient(http.app, cookies={SESSION_COOKIE: ann.token})
+    origin = {"Origin": "http://testserver"}
+    r = browser.post("/api/v1/tokens", json={"name": "stolen"}, headers=origin)
+    assert r.status_code == 403 and "needs your password" in r.json()["detail"]
+    r = browser.post(
+        "/api/v1/tokens", json={"name": "stolen", "password": "wrong-guess"}, headers=origin
+    )
+    assert r.status_code == 403 and "wrong password" in r.json()["detail"]
+    r = browser.post("/api/v1/tokens", json={"name": "mine", "password": PASSWORD}, headers=origin)
+    assert r.status_code == 201 and r.json()["token"].startswith("glp_")
+    # a bearer token (the CLI) needs no password
+    r = ann.post("/api/v1/tokens", json={"name": "ci"})
+    assert r.status_code == 201
+    assert [t["name"] for t in ann.get("/api/v1/tokens").json()] == ["registration", "mine", "ci"]
+
+
+def test_sliding_window_forgets_events_one_by_one() -> None:
+    clock = Clock(now=0.0)
+    window = SlidingWindow(limit=2, window_s=10, clock=clock)
+    window.hit("k")
+    clock.now = 4
+    window.hit("k")
+    assert window.retry_after("k") == 6
+    clock.now = 10  # the first hit is out; one is left
+    assert window.retry_after("k") is None
+    window.hit("k")
+    assert window.retry_after("k") == 4  # until the hit at 4 leaves
+    assert window.retry_after("other") is None
