@@ -38,6 +38,7 @@ from gpulease.server.routers.api import templates as templates_api
 from gpulease.server.routers.auth_limits import TokenGuessingGate
 from gpulease.server.routers.ui import pages
 from gpulease.server.runtime import Runtime, build_runtime
+from gpulease.server.security_headers import SecurityHeaders
 from gpulease.server.settings import Settings
 from gpulease.server.signals import Broadcast
 
@@ -120,6 +121,7 @@ def create_app(
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     prometheus.install(app)  # GET /metrics and the request latency middleware
+    app.add_middleware(SecurityHeaders)  # nosniff everywhere, HSTS over TLS
     app.add_middleware(TokenGuessingGate)  # 429 for an address that keeps sending bad tokens
 
     @app.get("/healthz", include_in_schema=False)
