@@ -45,3 +45,12 @@ def test_cumulative_billing_in_any_steps_equals_one_shot(rate: int, cuts: list[i
         charged += cost_for_seconds(rate, t) - charged
     end = max(cuts, default=0)
     assert charged == cost_for_seconds(rate, end)
+
+
+def test_an_unset_cap_reads_as_no_cap() -> None:
+    from gpulease.core.money import format_cap
+
+    assert format_cap(None, "$") == "no cap"
+    assert format_cap(None, "", unset="") == ""
+    assert format_cap(12_500_000, "$") == "$12.50"
+    assert format_cap(12_500_000, "", 4, unset="-") == "12.5000"

@@ -35,6 +35,14 @@ def format_credits(micro: int, symbol: str = "$", decimals: int = 4) -> str:
     return f"{sign}{symbol}{value}"
 
 
+def format_cap(
+    micro: int | None, symbol: str = "$", decimals: int = 2, unset: str = "no cap"
+) -> str:
+    """A cap, budget or limit that may be unset: None -> `unset` ('no cap', '' for a form
+    field, '-' in a table), else the amount as format_credits writes it."""
+    return unset if micro is None else format_credits(micro, symbol, decimals)
+
+
 def cost_for_seconds(hourly_micro: int, seconds: int) -> int:
     """Price of `seconds` at `hourly_micro` per hour, floored to the micro-credit.
 
