@@ -124,8 +124,43 @@ def test_terminal_and_jupyterlab_in_the_browser_for_the_owner_only(
     expect(lab.locator(".jp-OutputArea-output").first).to_contain_text(".gpulease/venv")
     shot(lab, "jupyterlab-notebook.png")
 
-    status = ann.request.get(f"{platform.url}/instances/{instance_id}/jupyter/api/status")
+    # ... on an origin of its own, which never receives the console's cookie
+    lab_origin = lab.evaluate("() => location.origin")
+    port = platform.url.rsplit(":", 1)[1]
+    assert lab_origin == f"http://{instance_id}.jupyter.localhost:{port}"
+    sent_to_lab = {c["name"] for c in ann.cookies([f"{lab_origin}/instances/{instance_id}/"])}
+    assert "gpulease_session" not in sent_to_lab and "gpulease_jupyter" in sent_to_lab
+    sent_to_console = {c["name"] for c in ann.cookies([f"{platform.url}/"])}
+    assert "gpulease_session" in sent_to_console and "gpulease_jupyter" not in sent_to_console
+    status = ann.request.get(f"{lab_origin}/instances/{instance_id}/jupyter/api/status")
     assert status.status == 200 and "started" in json.loads(status.text())
+    # script in a notebook's output, as an attacker's job would write it: it cannot mint a
+    # token with the owner's console cookie, nor reach the console through the lab's host
+    attempts = lab.evaluate(
+        """async (console) => {
+          const tried = {};
+          for (const [name, url] of [["console", console + "/api/v1/tokens"],
+                                     ["same host", "/api/v1/tokens"]]) {
+            try {
+              const r = await fetch(url, {method: "POST", credentials: "include",
+                headers: {"Content-Type": "application/json"},
+                body: JSON.stringify({name: "stolen"})});
+              tried[name] = r.status;
+            } catch (e) { tried[name] = "blocked"; }
+          }
+          tried.cookie = document.cookie;
+          return tried;
+        }""",
+        platform.url,
+    )
+    assert attempts["console"] == "blocked", attempts
+    assert attempts["same host"] in (404, "blocked"), attempts
+    assert "gpulease_session" not in attempts["cookie"]
+    assert "gpulease_jupyter" not in attempts["cookie"]  # HttpOnly
+    assert "stolen" not in str(platform.cli_json("token", "ls"))
+    # the console's own host does not serve JupyterLab
+    response = ann.request.get(f"{platform.url}/instances/{instance_id}/jupyter/api/status")
+    assert response.status == 404
 
     # bob sees neither
     bob = logged_in(browser, platform, "bob")
@@ -134,6 +169,8 @@ def test_terminal_and_jupyterlab_in_the_browser_for_the_owner_only(
         response = other.goto(f"{platform.url}/instances/{instance_id}/{path}")
         assert response is not None and response.status == 404, path
     shot(other, "terminal-other-user-404.png")
+    response = other.goto(f"{lab_origin}/instances/{instance_id}/jupyter/lab")
+    assert response is not None and response.status == 401  # no cookie of that host
     closed = other.evaluate(
         """(url) => new Promise((resolve) => {
           const ws = new WebSocket(url);

@@ -3,7 +3,8 @@
 JupyterLab runs from a tools environment built once per node in the environment cache
 (envs/build.py), inside the instance's sandbox like its runs. It listens only on a unix
 socket in `run_dir/jupyter` (bound into the sandbox at JUPYTER_ROOT); only the runner
-connects to it, bridging server streams (runner/streams.py), so it needs no token. Its
+connects to it, bridging server streams (runner/streams.py), so it needs no token. Browsers
+reach it on an origin of its own (server/routers/ui/jupyter_proxy.py), never the console's. Its
 notebooks' kernel is the instance's own venv python, with the tools environment's
 site-packages appended to sys.path so that ipykernel imports (both are Python 3.11).
 """
@@ -188,6 +189,9 @@ class JupyterLab:
             "--ServerApp.terminals_enabled=True",
             # the sandbox is the boundary here; inside, a runner running as root stays root
             "--ServerApp.allow_root=True",
+            # The browser reaches it at <instance>.GPULEASE_JUPYTER_DOMAIN, through the
+            # server's proxy, which already let only the owner through: any Host is fine.
+            "--ServerApp.allow_remote_access=True",
             "--LabApp.news_url=None",  # no news feed fetched from the internet
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         ]

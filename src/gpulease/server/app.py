@@ -37,6 +37,7 @@ from gpulease.server.routers.api import teams as teams_api
 from gpulease.server.routers.api import templates as templates_api
 from gpulease.server.routers.auth_limits import TokenGuessingGate
 from gpulease.server.routers.ui import pages
+from gpulease.server.routers.ui.jupyter_proxy import JupyterOriginGate
 from gpulease.server.runtime import Runtime, build_runtime
 from gpulease.server.security_headers import SecurityHeaders
 from gpulease.server.settings import Settings
@@ -123,6 +124,7 @@ def create_app(
     prometheus.install(app)  # GET /metrics and the request latency middleware
     app.add_middleware(SecurityHeaders)  # nosniff everywhere, HSTS over TLS
     app.add_middleware(TokenGuessingGate)  # 429 for an address that keeps sending bad tokens
+    app.add_middleware(JupyterOriginGate)  # a Jupyter host serves JupyterLab and nothing else
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:

@@ -63,7 +63,8 @@ def resolve_token(session: Session, secret: str) -> User:
     """The user behind a bearer token, or Unauthorized saying what to do."""
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(secret)))
     now = utcnow()
-    if row is None:
+    # JupyterLab's tickets and cookies (services/jupyter_access) open one notebook only.
+    if row is None or row.kind in ("jupyter", "jupyter-ticket"):
         raise Unauthorized("unknown token; log in again with `gpulease login`")
     if row.revoked_at is not None:
         raise Unauthorized("this token was revoked; log in again or create a new token")

@@ -38,6 +38,33 @@ def cookie(caller: Caller, origin: str | None = "http://testserver") -> dict[str
     return headers
 
 
+def jupyter_host(instance_id: int) -> str:
+    """The instance's JupyterLab origin (GPULEASE_JUPYTER_DOMAIN, by default
+    jupyter.localhost)."""
+    return f"http://{instance_id}.jupyter.localhost"
+
+
+def jupyter_cookie(rt: Runtime, http: TestClient, caller: Caller, instance_id: int) -> str:
+    """The Jupyter host's cookie for caller, as "Open JupyterLab" hands it out: a ticket
+    minted for the owner, redeemed on the instance's Jupyter host."""
+    from gpulease.server.orm import User
+    from gpulease.server.services import jupyter_access
+
+    with rt.sessions.begin() as session:
+        user = session.scalars(select(User).where(User.name == caller.name)).one()
+        ticket = jupyter_access.mint_ticket(session, user, instance_id)
+    r = http.get(
+        f"{jupyter_host(instance_id)}/_gpulease/jupyter/enter",
+        params={"ticket": ticket},
+        follow_redirects=False,
+    )
+    assert r.status_code == 303, r.text
+    value = r.cookies.get("gpulease_jupyter")
+    assert value
+    http.cookies.clear()
+    return str(value)
+
+
 def refusal(session: Any) -> int:
     """The HTTP status a WebSocket handshake was refused with."""
     with pytest.raises(WebSocketDenialResponse) as denied, session:
@@ -275,6 +302,7 @@ def test_jupyter_proxy_forwards_http_without_console_credentials(
 ) -> None:
     instance_id, runner = ann_instance
     prefix = f"/instances/{instance_id}/jupyter/"
+    access = jupyter_cookie(rt, http, ann, instance_id)
     body = b'{"version": "2.0"}'
     answer = (
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -289,11 +317,11 @@ def test_jupyter_proxy_forwards_http_without_console_credentials(
     server = threading.Thread(target=serve_one_http_exchange, args=(http, runner, answer, seen))
     server.start()
     headers = {
-        **cookie(ann),
+        **cookie(ann, jupyter_host(instance_id)),
         "Authorization": "Bearer nope",
-        "Cookie": f"{SESSION_COOKIE}={ann.token}; _xsrf=abc",
+        "Cookie": f"{SESSION_COOKIE}={ann.token}; gpulease_jupyter={access}; _xsrf=abc",
     }
-    r = http.get(f"{prefix}api/status?x=1", headers=headers)
+    r = http.get(f"{jupyter_host(instance_id)}{prefix}api/status?x=1", headers=headers)
     server.join(timeout=30)
     assert r.status_code == 200 and r.content == body
     cookies = r.headers.get_list("set-cookie")
@@ -301,7 +329,7 @@ def test_jupyter_proxy_forwards_http_without_console_credentials(
     (request,) = seen
     head = request.decode("latin-1")
     assert head.startswith(f"GET {prefix}api/status?x=1 HTTP/1.1\r\n")
-    assert ann.token not in head and "Bearer" not in head
+    assert ann.token not in head and "Bearer" not in head and access not in head
     assert "_xsrf=abc" in head
     with rt.sessions() as session:
         touched = session.scalar(
@@ -363,12 +391,14 @@ def test_jupyter_websockets_are_proxied_with_their_subprotocol_and_no_console_co
 
     thread = threading.Thread(target=kernel)
     thread.start()
+    access = jupyter_cookie(rt, http, ann, instance_id)
     path = f"/instances/{instance_id}/jupyter/api/kernels/k1/channels?session_id=s"
     headers = {
-        **cookie(ann),
-        "Cookie": f"{SESSION_COOKIE}={ann.token}; _xsrf=abc",
+        **cookie(ann, jupyter_host(instance_id)),
+        "Cookie": f"{SESSION_COOKIE}={ann.token}; gpulease_jupyter={access}; _xsrf=abc",
     }
-    with http.websocket_connect(path, headers=headers, subprotocols=[subprotocol]) as ws:
+    url = jupyter_host(instance_id).replace("http", "ws") + path
+    with http.websocket_connect(url, headers=headers, subprotocols=[subprotocol]) as ws:
         assert ws.accepted_subprotocol == subprotocol
         ws.send_text('{"msg": "hi"}')
         assert ws.receive_text() == '{"MSG": "HI"}'
@@ -377,4 +407,4 @@ def test_jupyter_websockets_are_proxied_with_their_subprotocol_and_no_console_co
     (request,) = seen
     assert request.path == f"/instances/{instance_id}/jupyter/api/kernels/k1/channels?session_id=s"
     assert request.headers["Cookie"] == "_xsrf=abc"
-    assert request.headers["Origin"] == "http://testserver"
+    assert request.headers["Origin"] == jupyter_host(instance_id)

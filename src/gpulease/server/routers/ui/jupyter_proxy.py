@@ -1,11 +1,17 @@
-"""JupyterLab through the server: `/instances/{ref}/jupyter/...` proxied over runner streams.
+"""JupyterLab through the server, on an origin of its own: `<id>.GPULEASE_JUPYTER_DOMAIN`.
 
-Only the instance's owner gets through (the console's session cookie; another user gets
-404). HTTP goes through an httpcore connection pool whose network backend opens a runner
-stream per connection (keep-alive reuses it); WebSockets (kernels, terminals) speak the
-`websockets` sans-I/O client protocol over a stream of their own. The console's session
-cookie and bearer tokens never reach the instance, and JupyterLab cannot set cookies
-outside its own path.
+Script in a notebook's output runs with JupyterLab's origin. Served on the console's, it
+could use the owner's console cookie (mint tokens, spend credit); so each instance's
+JupyterLab has a host of its own, which never receives the console's cookie. The console's
+"Open JupyterLab" (owner only, same-origin POST) starts it and sends the browser to that
+host with a one-minute, one-use ticket (services/jupyter_access), redeemed there for a
+cookie that opens this instance's JupyterLab and nothing else. On the Jupyter host only
+JupyterLab's paths answer (JupyterOriginGate); on the console's host they do not.
+
+HTTP goes through an httpcore connection pool whose network backend opens a runner stream
+per connection (keep-alive reuses it); WebSockets (kernels, terminals) speak the
+`websockets` sans-I/O client protocol over a stream of their own. Neither cookie nor any
+bearer token reaches the instance, and JupyterLab cannot set cookies outside its own path.
 """
 
 from __future__ import annotations
@@ -14,11 +20,15 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import httpcore
 from fastapi import APIRouter, Request, Response, WebSocket
 from fastapi.responses import RedirectResponse, StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
@@ -26,12 +36,16 @@ from websockets.http11 import Response as WsResponse
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
+from gpulease.core.errors import NotFound
+from gpulease.server.db import transaction
 from gpulease.server.routers.api.runner_streams import close_quietly, refuse, until_first_ends
 from gpulease.server.routers.deps import SESSION_COOKIE, same_origin
-from gpulease.server.routers.ui.account import cross_site_refusal
-from gpulease.server.routers.ui.guards import login_url
+from gpulease.server.routers.ui.guards import cross_site_refusal, login_url, viewer
 from gpulease.server.routers.ui.templating import render
-from gpulease.server.routers.ui.terminal import Activity, lookup, note_activity, origin_ok
+from gpulease.server.routers.ui.terminal import Activity, lookup, note_activity
+from gpulease.server.runtime import Runtime
+from gpulease.server.services import jupyter_access
+from gpulease.server.services.instances import lifecycle
 from gpulease.server.services.instances.states import RUNNING
 from gpulease.server.services.streams import StreamHub, StreamUnavailable, Target, hub_of
 
@@ -55,6 +69,22 @@ _HOP = {
 }
 _DROP_REQUEST = _HOP | {"authorization", "cookie"}
 MAX_MESSAGE = 64 * 1024 * 1024
+JUPYTER_COOKIE = "gpulease_jupyter"
+OUR_COOKIES = {SESSION_COOKIE, JUPYTER_COOKIE}
+ENTER_PATH = "/_gpulease/jupyter/enter"
+# JupyterLab needs inline styles, eval and blob: workers; what it must not do is be framed
+# by another site or load plugins, forms and sockets from elsewhere.
+JUPYTER_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self' data: blob:; script-src 'self' 'unsafe-inline' 'unsafe-eval' "
+        "blob:; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
+        "frame-ancestors 'self'"
+    ),
+    "X-Frame-Options": "SAMEORIGIN",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 def base_path(instance_id: int) -> str:
@@ -162,14 +192,14 @@ def _without_session_cookie(header: str) -> str:
     kept = [
         part.strip()
         for part in header.split(";")
-        if part.strip() and part.strip().split("=", 1)[0].strip() != SESSION_COOKIE
+        if part.strip() and part.strip().split("=", 1)[0].strip() not in OUR_COOKIES
     ]
     return "; ".join(kept)
 
 
 def request_headers(request: Request) -> list[tuple[bytes, bytes]]:
-    """The browser's headers minus hop-by-hop ones, credentials for the console, and the
-    console's own session cookie (JupyterLab's `_xsrf` cookie passes)."""
+    """The browser's headers minus hop-by-hop ones, credentials, and the console's and the
+    Jupyter host's own cookies (JupyterLab's `_xsrf` cookie passes)."""
     headers = [
         (name.encode("latin-1"), value.encode("latin-1"))
         for name, value in request.headers.items()
@@ -187,7 +217,7 @@ def cookie_allowed(value: str, prefix: str) -> bool:
     """A Set-Cookie from JupyterLab: never the console's cookie, only under its own path."""
     parts = [p.strip() for p in value.split(";")]
     name = parts[0].split("=", 1)[0].strip()
-    if name == SESSION_COOKIE or "domain" in {p.split("=", 1)[0].lower() for p in parts[1:]}:
+    if name in OUR_COOKIES or "domain" in {p.split("=", 1)[0].lower() for p in parts[1:]}:
         return False
     paths = [p.split("=", 1)[1] for p in parts[1:] if p.lower().startswith("path=")]
     return bool(paths) and all(path.startswith(prefix.rstrip("/")) for path in paths)
@@ -205,31 +235,98 @@ def response_headers(raw: list[tuple[bytes, bytes]], prefix: str) -> list[tuple[
     return kept
 
 
-def _not_found(request: Request, ref: str) -> Response:
-    context = {"title": "Instance not found", "message": f"you have no instance {ref[:64]!r}"}
-    return render(request, "errors/error.html", context, status_code=404)
+def _text(message: str, status_code: int) -> Response:
+    return Response(
+        message + "\n", status_code=status_code, media_type="text/plain", headers=JUPYTER_HEADERS
+    )
 
 
-def _not_running(request: Request, target: Target) -> Response:
-    context = {
-        "title": "JupyterLab is not available",
-        "message": f"instance {target.name} is {target.status}; start it to use JupyterLab",
-    }
-    return render(request, "errors/error.html", context, status_code=409)
+def jupyter_instance(conn: HTTPConnection) -> int | None:
+    """The instance whose Jupyter host this request is for, or None (the console's host)."""
+    domain = runtime_of(conn).settings.jupyter_domain
+    return instance_of_host(conn.headers.get("host", ""), domain)
+
+
+def instance_of_host(host: str, domain: str) -> int | None:
+    """`12.jupyter.example.com[:port]` -> 12 when domain is jupyter.example.com."""
+    name = host.strip().lower()
+    if not name.startswith("["):
+        name = name.rsplit(":", 1)[0]
+    suffix = "." + domain.strip().lower().strip(".")
+    label = name.removesuffix(suffix)
+    if label == name or not label.isascii() or not label.isdigit() or len(label) > 12:
+        return None
+    return int(label) if label[0] != "0" else None
+
+
+def jupyter_origin(request: Request, instance_id: int) -> str:
+    """The origin of the instance's JupyterLab: the console's scheme and port (its public
+    URL when set, else this request's) on host <id>.GPULEASE_JUPYTER_DOMAIN."""
+    settings = runtime_of(request).settings
+    public = urlsplit(settings.public_url) if settings.public_url else None
+    scheme = public.scheme if public else request.url.scheme
+    port = public.port if public else request.url.port
+    shown = f":{port}" if port and port != {"http": 80, "https": 443}.get(scheme) else ""
+    return f"{scheme}://{instance_id}.{settings.jupyter_domain.strip('.')}{shown}"
+
+
+def runtime_of(conn: HTTPConnection) -> Runtime:
+    rt = conn.app.state.runtime
+    assert isinstance(rt, Runtime)
+    return rt
+
+
+def _find_access(rt: Runtime, secret: str | None, instance_id: int) -> tuple[bool, Target | None]:
+    with transaction(rt.sessions) as session:
+        user = jupyter_access.resolve_access(session, secret, instance_id)
+        if user is None:
+            return False, None
+        try:
+            instance = lifecycle.get_instance(session, user, instance_id)
+        except NotFound:
+            return True, None
+        return True, Target(instance.id, instance.name, instance.status)
+
+
+OPEN_FROM_CONSOLE = "open JupyterLab from your instance's page in the console"
+
+
+async def _access(conn: HTTPConnection, ref: str) -> Target | tuple[int, str]:
+    """The instance this Jupyter host's cookie opens, or (status, why not)."""
+    instance_id = jupyter_instance(conn)
+    if instance_id is None:
+        return 404, "JupyterLab is served at an address of its own: " + OPEN_FROM_CONSOLE
+    if ref != str(instance_id):
+        return 404, f"this address serves JupyterLab of instance {instance_id} only"
+    secret = conn.cookies.get(JUPYTER_COOKIE)
+    allowed, target = await run_in_threadpool(_find_access, runtime_of(conn), secret, instance_id)
+    if not allowed:
+        return 401, "you are not signed in to this JupyterLab: " + OPEN_FROM_CONSOLE
+    if target is None:
+        return 404, f"you have no instance {ref[:64]!r}"
+    if target.status != RUNNING:
+        return 409, f"instance {target.name} is {target.status}; start it to use JupyterLab"
+    return target
 
 
 async def _owner_target(request: Request, ref: str) -> Target | Response:
+    """The console's side: the owner's instance, by the console's cookie."""
     logged_in, target = await lookup(request, ref)
     if not logged_in:
         if request.method in ("GET", "HEAD"):
             return RedirectResponse(login_url(request), status_code=303)
         return Response("log in to the console first\n", status_code=401, media_type="text/plain")
     if target is None:
-        return _not_found(request, ref)
+        context = {"title": "Instance not found", "message": f"you have no instance {ref[:64]!r}"}
+        return render(request, "errors/error.html", context, status_code=404)
     if request.method not in ("GET", "HEAD", "OPTIONS") and not same_origin(request):
         return cross_site_refusal(request)
     if target.status != RUNNING:
-        return _not_running(request, target)
+        context = {
+            "title": "JupyterLab is not available",
+            "message": f"instance {target.name} is {target.status}; start it to use JupyterLab",
+        }
+        return render(request, "errors/error.html", context, status_code=409)
     return target
 
 
@@ -256,7 +353,9 @@ async def forward(
 @router.post("/instances/{ref}/jupyterlab")
 async def open_jupyterlab(ref: str, request: Request) -> Response:
     """Start JupyterLab in the instance (installing it on the node the first time), wait
-    until it answers, then go there."""
+    until it answers, then send the browser to its own origin with a one-use ticket."""
+    if jupyter_instance(request) is not None:
+        return _text("open JupyterLab from the console", 404)
     found = await _owner_target(request, ref)
     if isinstance(found, Response):
         return found
@@ -272,7 +371,50 @@ async def open_jupyterlab(ref: str, request: Request) -> Response:
     except httpcore.NetworkError as exc:
         return _unavailable(request, f"JupyterLab could not start: {exc}")
     await note_activity(request, hub_of(request.app.state), found.id)
-    return RedirectResponse(f"{base_path(found.id)}lab", status_code=303)
+    ticket = await run_in_threadpool(_mint, request, found.id)
+    if ticket is None:
+        return render(
+            request,
+            "errors/error.html",
+            {"title": "Instance not found", "message": f"you have no instance {ref[:64]!r}"},
+            status_code=404,
+        )
+    entry = f"{jupyter_origin(request, found.id)}{ENTER_PATH}?{urlencode({'ticket': ticket})}"
+    return RedirectResponse(entry, status_code=303, headers={"Referrer-Policy": "no-referrer"})
+
+
+def _mint(request: Request, instance_id: int) -> str | None:
+    with transaction(runtime_of(request).sessions) as session:
+        user = viewer(session, request)
+        if user is None:
+            return None
+        return jupyter_access.mint_ticket(session, user, instance_id)
+
+
+@router.get(ENTER_PATH)
+def enter_jupyterlab(request: Request, ticket: str = "") -> Response:
+    """On the Jupyter host: a ticket from the console becomes this host's cookie."""
+    instance_id = jupyter_instance(request)
+    if instance_id is None:
+        return _text("not found", 404)
+    with transaction(runtime_of(request).sessions) as session:
+        secret = (
+            jupyter_access.redeem_ticket(session, ticket[:200], instance_id) if ticket else None
+        )
+    if secret is None:
+        return _text("this link was used already or has expired: " + OPEN_FROM_CONSOLE, 403)
+    response = RedirectResponse(f"{base_path(instance_id)}lab", status_code=303)
+    response.headers.update(JUPYTER_HEADERS)
+    response.set_cookie(
+        JUPYTER_COOKIE,
+        secret,
+        max_age=int(jupyter_access.ACCESS_TTL.total_seconds()),
+        path="/",
+        secure=request.url.scheme == "https",
+        httponly=True,
+        samesite="lax",
+    )
+    return response
 
 
 def _unavailable(request: Request, message: str) -> Response:
@@ -282,45 +424,58 @@ def _unavailable(request: Request, message: str) -> Response:
 
 @router.api_route("/instances/{ref}/jupyter/{path:path}", methods=METHODS)
 async def jupyter_http(ref: str, path: str, request: Request) -> Response:
-    found = await _owner_target(request, ref)
-    if isinstance(found, Response):
-        return found
-    if ref != str(found.id):  # JupyterLab's base URL names the instance by id
-        query = f"?{request.url.query}" if request.url.query else ""
-        return RedirectResponse(f"{base_path(found.id)}{path}{query}", status_code=307)
+    if jupyter_instance(request) is None:
+        return await _on_console_host(request, ref)
+    found = await _access(request, ref)
+    if isinstance(found, tuple):
+        return _text(found[1], found[0])
+    unsafe = request.method not in ("GET", "HEAD", "OPTIONS")
+    if unsafe and not same_origin(request, require_header=True):
+        return _text("this request was sent from another site; it was refused", 403)
     raw_path = request.scope.get("raw_path") or request.url.path.encode()
     target_path = raw_path + (b"?" + request.scope["query_string"] if request.url.query else b"")
     await note_activity(request, hub_of(request.app.state), found.id)
     try:
         upstream = await forward(request, found, target_path)
     except httpcore.TimeoutException:
-        return _unavailable(request, "JupyterLab did not answer in time")
+        return _text("JupyterLab did not answer in time", 502)
     except httpcore.NetworkError as exc:
-        return _unavailable(request, f"JupyterLab cannot be reached: {exc}")
+        return _text(f"JupyterLab cannot be reached: {exc}", 502)
     response = StreamingResponse(
         upstream.aiter_stream(),
         status_code=upstream.status,
         background=BackgroundTask(upstream.aclose),
     )
-    response.raw_headers = response_headers(upstream.headers, base_path(found.id))
+    response.raw_headers = response_headers(upstream.headers, base_path(found.id)) + [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in JUPYTER_HEADERS.items()
+    ]
     return response
+
+
+async def _on_console_host(request: Request, ref: str) -> Response:
+    """JupyterLab's paths on the console's host: the console's usual answers (log in, not
+    yours, not running), and for its owner where JupyterLab is now."""
+    found = await _owner_target(request, ref)
+    if isinstance(found, Response):
+        return found
+    context = {
+        "title": "JupyterLab has an address of its own",
+        "message": "JupyterLab is served at an address of its own, apart from the console: "
+        f"open it with “Open JupyterLab” on the page of instance {found.name}",
+    }
+    return render(request, "errors/error.html", context, status_code=404)
 
 
 @router.websocket("/instances/{ref}/jupyter/{path:path}")
 async def jupyter_websocket(websocket: WebSocket, ref: str, path: str) -> None:
     """Kernel and terminal channels: a WebSocket client inside the runner stream."""
-    if not origin_ok(websocket):
+    if not same_origin(websocket):
         await refuse(websocket, 403, "this connection was opened from another site")
         return
-    logged_in, target = await lookup(websocket, ref)
-    if not logged_in:
-        await refuse(websocket, 401, "log in to the console first")
-        return
-    if target is None or ref != str(target.id):
-        await refuse(websocket, 404, f"you have no instance {ref[:64]!r}")
-        return
-    if target.status != RUNNING:
-        await refuse(websocket, 409, f"instance {target.name} is {target.status}")
+    target = await _access(websocket, ref)
+    if isinstance(target, tuple):
+        await refuse(websocket, target[0], target[1])
         return
     hub = hub_of(websocket.app.state)
     stream = hub.open(target.id, "jupyter")
@@ -442,3 +597,39 @@ async def _flush(protocol: ClientProtocol, runner: WebSocket) -> None:
     for data in protocol.data_to_send():
         if data:
             await runner.send_bytes(data)
+
+
+class JupyterOriginGate:
+    """On a Jupyter host (`<id>.GPULEASE_JUPYTER_DOMAIN`) only that instance's JupyterLab
+    and the ticket entry answer: no console page, API or static file is served there, so
+    no console form or cookie can ever exist on that origin."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            instance_id = _scope_instance(scope)
+            if instance_id is not None and not _allowed(str(scope["path"]), instance_id):
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 4404})
+                    return
+                await _text("not found: this address serves JupyterLab only", 404)(
+                    scope, receive, send
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+def _scope_instance(scope: Scope) -> int | None:
+    runtime = getattr(getattr(scope.get("app"), "state", None), "runtime", None)
+    if not isinstance(runtime, Runtime):
+        return None
+    for name, value in scope.get("headers", ()):
+        if name == b"host":
+            return instance_of_host(value.decode("latin-1"), runtime.settings.jupyter_domain)
+    return None
+
+
+def _allowed(path: str, instance_id: int) -> bool:
+    return path == ENTER_PATH or path.startswith(base_path(instance_id))
