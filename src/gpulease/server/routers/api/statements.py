@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from gpulease.schemas.statements import RevenuePublic, StatementPublic
 from gpulease.server.routers.deps import AdminUser, CurrentUser, SessionDep, runtime
@@ -19,10 +19,13 @@ Tz = Annotated[str | None, Query(max_length=64)]
 
 
 def _period(
-    request: Request, start: str | None, end: str | None, tz: str | None
+    request: Request, start: From = None, end: To = None, tz: Tz = None
 ) -> statements.Period:
-    """Dates as typed; the zone defaults to the operator's (GPULEASE_TIMEZONE)."""
+    """?from=&to=&tz= as typed; the zone defaults to the operator's (GPULEASE_TIMEZONE)."""
     return statements.parse_period(start, end, tz or runtime(request).settings.timezone)
+
+
+PeriodQuery = Annotated[statements.Period, Depends(_period)]
 
 
 def _csv(body: str, filename: str) -> Response:
@@ -36,54 +39,32 @@ def _csv(body: str, filename: str) -> Response:
 
 @router.get("/statement")
 def statement(
-    session: SessionDep,
-    user: CurrentUser,
-    request: Request,
-    start: From = None,
-    end: To = None,
-    tz: Tz = None,
+    session: SessionDep, user: CurrentUser, period: PeriodQuery, request: Request
 ) -> StatementPublic:
     """Your usage in a period (default: this month): by instance, day, GPU model and kind."""
-    period = _period(request, start, end, tz)
     return statements.user_statement(session, user, period, runtime(request).catalog)
 
 
 @router.get("/statement.csv", response_class=Response)
 def statement_csv(
-    session: SessionDep,
-    user: CurrentUser,
-    request: Request,
-    start: From = None,
-    end: To = None,
-    tz: Tz = None,
+    session: SessionDep, user: CurrentUser, period: PeriodQuery, request: Request
 ) -> Response:
-    found = statement(session, user, request, start, end, tz)
+    found = statement(session, user, period, request)
     name = f"gpulease-statement-{found.user}-{found.start}-{found.end}.csv"
     return _csv(statements.statement_csv(found), name)
 
 
 @router.get("/admin/revenue")
 def revenue(
-    session: SessionDep,
-    _: AdminUser,
-    request: Request,
-    start: From = None,
-    end: To = None,
-    tz: Tz = None,
+    session: SessionDep, _: AdminUser, period: PeriodQuery, request: Request
 ) -> RevenuePublic:
     """Revenue and GPU-hours sold per GPU model per day (admins only)."""
-    period = _period(request, start, end, tz)
     return statements.revenue(session, period, runtime(request).catalog)
 
 
 @router.get("/admin/revenue.csv", response_class=Response)
 def revenue_csv(
-    session: SessionDep,
-    admin: AdminUser,
-    request: Request,
-    start: From = None,
-    end: To = None,
-    tz: Tz = None,
+    session: SessionDep, admin: AdminUser, period: PeriodQuery, request: Request
 ) -> Response:
-    found = revenue(session, admin, request, start, end, tz)
+    found = revenue(session, admin, period, request)
     return _csv(statements.revenue_csv(found), f"gpulease-revenue-{found.start}-{found.end}.csv")
