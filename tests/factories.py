@@ -1,10 +1,41 @@
-"""Plain factory functions for tests: users, callers, instances."""
+"""Plain factory functions for tests: users, callers, running instances, console clients."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from starlette.testclient import TestClient
+
+from gpulease.server.settings import Settings
+
+ADMIN_PASSWORD = "admin-password-1"  # the tests' Settings(admin_password=...)
+PASSWORD = "password-123"  # make_user's default
+
+# browser() -> a client of the app with its own cookie jar that does not follow redirects
+BrowserFactory = Callable[..., TestClient]
+
+
+def console_client(app: Any, base_url: str = "http://testserver", **options: Any) -> TestClient:
+    """A browser of the console: its own cookie jar, redirects not followed, and the Referer
+    a browser sends on the console's own forms (a cookie's state change that has neither
+    Origin nor Referer is refused). A test's own Origin or Referer header wins."""
+    headers = {"Referer": f"{base_url}/"}
+    return TestClient(app, base_url=base_url, follow_redirects=False, headers=headers, **options)
+
+
+def make_settings(home: Path, database_url: str, **overrides: object) -> Settings:
+    """The tests' server settings: simulated GPUs (A100-80GB:2,T4:1 unless overridden), a
+    known admin password, $10 of sign-up credit; overrides: any other Settings field."""
+    fields: dict[str, object] = {
+        "simulated_gpus": "A100-80GB:2,T4:1",
+        "admin_password": ADMIN_PASSWORD,
+        "signup_credit": "10.00",
+        **overrides,
+    }
+    return Settings(home=home, database_url=database_url, **fields)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -32,14 +63,14 @@ class Caller:
         return self.http.delete(url, headers=self.headers, **kw)  # type: ignore[arg-type]
 
 
-def make_user(http: TestClient, name: str, password: str = "password-123") -> Caller:
+def make_user(http: TestClient, name: str, password: str = PASSWORD) -> Caller:
     r = http.post("/api/v1/auth/register", json={"name": name, "password": password})
     assert r.status_code == 201, r.text
     return Caller(http, r.json()["token"], name)
 
 
 def login_admin(http: TestClient) -> Caller:
-    r = http.post("/api/v1/auth/login", json={"name": "admin", "password": "admin-password-1"})
+    r = http.post("/api/v1/auth/login", json={"name": "admin", "password": ADMIN_PASSWORD})
     assert r.status_code == 200, r.text
     return Caller(http, r.json()["token"], "admin")
 
@@ -83,3 +114,35 @@ class RunnerDouble:
 
     def stopped(self) -> None:
         assert self.call("POST", "/stopped", json={}).status_code == 204
+
+
+def make_running_instance(
+    owner: Caller,
+    tick: Callable[[], object],
+    runner_for: Callable[[int], RunnerDouble],
+    name: str | None = None,
+    *,
+    gpu: str | None = "A100-80GB:1",
+    **body: object,
+) -> tuple[int, RunnerDouble]:
+    """Create an instance through the API, run the reconcilers once to place and launch it,
+    and have its runner report ready. Returns its id and the double that plays its runner.
+    body: any other field of the create request (plan, template, auto_release...)."""
+    spec: dict[str, object] = {"gpu": gpu, **body}
+    if name is not None:
+        spec["name"] = name
+    r = owner.post("/api/v1/instances", json=spec)
+    assert r.status_code == 201, r.text
+    instance_id = int(r.json()["id"])
+    tick()
+    runner = runner_for(instance_id)
+    runner.ready()
+    return instance_id, runner
+
+
+def logged_in(browser: BrowserFactory, name: str, password: str = PASSWORD) -> TestClient:
+    """A new console client with name's session cookie, as that user's own browser."""
+    client = browser()
+    r = client.post("/login", data={"name": name, "password": password})
+    assert r.status_code == 303, r.text
+    return client

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from factories import Caller, login_admin, make_user
+from factories import Caller, login_admin, make_settings, make_user
 from gpulease.backends.fake import FakeBackend
 from gpulease.server.app import create_app
 from gpulease.server.runtime import Runtime, build_runtime
@@ -17,13 +17,7 @@ from gpulease.server.settings import Settings
 
 @pytest.fixture
 def settings(tmp_path: Path, database_url: str) -> Settings:
-    return Settings(
-        home=tmp_path / "home",
-        database_url=database_url,
-        simulated_gpus="A100-80GB:2,T4:1",
-        admin_password="admin-password-1",
-        signup_credit="10.00",
-    )
+    return make_settings(tmp_path / "home", database_url)
 
 
 @pytest.fixture

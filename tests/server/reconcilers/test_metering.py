@@ -7,23 +7,12 @@ from datetime import timedelta
 
 from sqlalchemy import func, select
 
-from factories import Caller, RunnerDouble
+from factories import Caller, RunnerDouble, make_running_instance
 from gpulease.core.money import cost_for_seconds
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Instance, LedgerEntry, LedgerTransaction, UsageSegment
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import ledger, metering
-
-
-def _running(
-    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble], gpu: str
-) -> int:
-    r = ann.post("/api/v1/instances", json={"gpu": gpu})
-    assert r.status_code == 201, r.text
-    instance_id = int(r.json()["id"])
-    tick()
-    runner_for(instance_id).ready()
-    return instance_id
 
 
 def _backdate_segment(rt: Runtime, instance_id: int, seconds: float) -> None:
@@ -36,7 +25,9 @@ def _backdate_segment(rt: Runtime, instance_id: int, seconds: float) -> None:
 def test_charges_are_exact_and_never_repeat(
     ann: Caller, rt: Runtime, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id = _running(ann, tick, runner_for, "T4:1")  # $0.25/h: 69.44 micro/s
+    instance_id, _ = make_running_instance(
+        ann, tick, runner_for, gpu="T4:1"
+    )  # $0.25/h: 69.44 micro/s
     _backdate_segment(rt, instance_id, 3 * 3600 + 7)
     with transaction(rt.sessions) as session:
         seg = metering.open_segment_of(session, instance_id)
@@ -64,7 +55,7 @@ def test_charges_are_exact_and_never_repeat(
 def test_replaying_a_tick_posts_nothing(
     ann: Caller, rt: Runtime, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id = _running(ann, tick, runner_for, "A100-80GB:2")
+    instance_id, _ = make_running_instance(ann, tick, runner_for, gpu="A100-80GB:2")
     _backdate_segment(rt, instance_id, 100)
     now = utcnow()
     with transaction(rt.sessions) as session:
@@ -80,7 +71,7 @@ def test_replaying_a_tick_posts_nothing(
 def test_a_crashed_tick_is_billed_by_the_next(
     ann: Caller, rt: Runtime, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id = _running(ann, tick, runner_for, "A100-80GB:1")
+    instance_id, _ = make_running_instance(ann, tick, runner_for, gpu="A100-80GB:1")
     _backdate_segment(rt, instance_id, 50)
     now = utcnow()
     try:
@@ -99,7 +90,7 @@ def test_a_crashed_tick_is_billed_by_the_next(
 def test_stop_closes_the_segment_at_the_stop(
     ann: Caller, rt: Runtime, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id = _running(ann, tick, runner_for, "A100-80GB:1")
+    instance_id, _ = make_running_instance(ann, tick, runner_for, gpu="A100-80GB:1")
     _backdate_segment(rt, instance_id, 20)
     ann.post(f"/api/v1/instances/{instance_id}/stop")
     runner_for(instance_id).stopped()
@@ -122,7 +113,9 @@ def test_stop_closes_the_segment_at_the_stop(
 def test_zero_balance_stops_instances_and_tells_the_owner(
     ann: Caller, rt: Runtime, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id = _running(ann, tick, runner_for, "A100-80GB:2")  # $1.80/h; $10 lasts 5.56 h
+    instance_id, _ = make_running_instance(
+        ann, tick, runner_for, gpu="A100-80GB:2"
+    )  # $1.80/h; $10 lasts 5.56 h
     _backdate_segment(rt, instance_id, 6 * 3600)
     tick()
     got = ann.get(f"/api/v1/instances/{instance_id}").json()
@@ -155,7 +148,7 @@ def test_billing_starts_when_running_not_while_queued(
 def test_running_instances_are_charged_in_steps_and_to_the_second_at_stop(
     ann: Caller, rt: Runtime, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id = _running(ann, tick, runner_for, "A100-80GB:1")
+    instance_id, _ = make_running_instance(ann, tick, runner_for, gpu="A100-80GB:1")
     _backdate_segment(rt, instance_id, 10)
     with transaction(rt.sessions) as session:
         assert metering.charge_open_segments(session, min_step_s=30) == set()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from factories import Caller, RunnerDouble
+from factories import Caller, RunnerDouble, make_running_instance, make_settings
 from gpulease.backends.fake import FakeBackend
 from gpulease.server.app import create_app
 from gpulease.server.db import transaction
@@ -17,21 +17,9 @@ from gpulease.server.orm import GpuSample, Instance, Notification
 from gpulease.server.reconcilers import idle
 from gpulease.server.runtime import Runtime, build_runtime
 from gpulease.server.services.instances import activity
-from gpulease.server.settings import Settings
 
 Tick = Callable[[], None]
 RunnerFor = Callable[[int], RunnerDouble]
-
-
-def running(
-    caller: Caller, tick: Tick, runner_for: RunnerFor, gpu: str | None = "A100-80GB:1", **kw: object
-) -> int:
-    r = caller.post("/api/v1/instances", json={"gpu": gpu, **kw})
-    assert r.status_code == 201, r.text
-    instance_id = int(r.json()["id"])
-    tick()
-    runner_for(instance_id).ready()
-    return instance_id
 
 
 def started_at(rt: Runtime, instance_id: int) -> datetime:
@@ -62,7 +50,7 @@ def set_autostop(caller: Caller, ref: object, **body: object) -> dict[str, objec
 def test_idle_stop_warns_once_then_stops_after_t_and_not_before(
     ann: Caller, rt: Runtime, tick: Tick, runner_for: RunnerFor
 ) -> None:
-    i = running(ann, tick, runner_for)
+    i, _ = make_running_instance(ann, tick, runner_for)
     set_autostop(ann, i, idle_minutes=30)
     t0 = started_at(rt, i)
 
@@ -94,7 +82,7 @@ def test_idle_stop_warns_once_then_stops_after_t_and_not_before(
 def test_terminal_activity_resets_the_idle_clock_and_the_warning(
     ann: Caller, rt: Runtime, tick: Tick, runner_for: RunnerFor
 ) -> None:
-    i = running(ann, tick, runner_for)
+    i, _ = make_running_instance(ann, tick, runner_for)
     set_autostop(ann, i, idle_minutes=30)
     t0 = started_at(rt, i)
     idle.tick(rt, now=t0 + timedelta(minutes=26))
@@ -116,7 +104,7 @@ def test_terminal_activity_resets_the_idle_clock_and_the_warning(
 def test_no_stop_without_a_warning_first_even_after_an_outage(
     ann: Caller, rt: Runtime, tick: Tick, runner_for: RunnerFor
 ) -> None:
-    i = running(ann, tick, runner_for)
+    i, _ = make_running_instance(ann, tick, runner_for)
     set_autostop(ann, i, idle_minutes=30)
     t0 = started_at(rt, i)
     # the server was down past T: the first look warns, the stop waits the warning's lead
@@ -145,8 +133,8 @@ def _samples(rt: Runtime, instance_id: int, start: datetime, minutes: int, util:
 def test_a_busy_gpu_keeps_the_instance_and_an_idle_one_stops_it(
     ann: Caller, rt: Runtime, tick: Tick, runner_for: RunnerFor
 ) -> None:
-    busy = running(ann, tick, runner_for)
-    quiet = running(ann, tick, runner_for)
+    busy, _ = make_running_instance(ann, tick, runner_for)
+    quiet, _ = make_running_instance(ann, tick, runner_for)
     for i in (busy, quiet):
         set_autostop(ann, i, idle_minutes=30, idle_util_pct=10)
     t0 = max(started_at(rt, busy), started_at(rt, quiet))
@@ -167,7 +155,7 @@ def test_a_busy_gpu_keeps_the_instance_and_an_idle_one_stops_it(
 def test_a_running_run_keeps_an_instance_without_gpu_readings(
     ann: Caller, rt: Runtime, tick: Tick, runner_for: RunnerFor
 ) -> None:
-    i = running(ann, tick, runner_for)
+    i, _ = make_running_instance(ann, tick, runner_for)
     set_autostop(ann, i, idle_minutes=30)
     run = ann.post(f"/api/v1/instances/{i}/runs", json={"command": "python train.py"}).json()
     t0 = started_at(rt, i)
@@ -183,7 +171,7 @@ def test_a_running_run_keeps_an_instance_without_gpu_readings(
 def test_max_runtime_stops_a_busy_instance(
     ann: Caller, rt: Runtime, tick: Tick, runner_for: RunnerFor
 ) -> None:
-    i = running(ann, tick, runner_for, max_runtime_minutes=480)
+    i, _ = make_running_instance(ann, tick, runner_for, max_runtime_minutes=480)
     shown = ann.get(f"/api/v1/instances/{i}/autostop").json()
     assert shown["max_runtime_minutes"] == 480 and shown["idle_minutes_effective"] is None
     ann.post(f"/api/v1/instances/{i}/runs", json={"command": "python train.py"})
@@ -198,14 +186,14 @@ def test_max_runtime_stops_a_busy_instance(
 def test_stop_after_a_given_run(
     ann: Caller, bob: Caller, rt: Runtime, tick: Tick, runner_for: RunnerFor
 ) -> None:
-    i = running(ann, tick, runner_for)
+    i, _ = make_running_instance(ann, tick, runner_for)
     first = ann.post(f"/api/v1/instances/{i}/runs", json={"command": "prep"}).json()
     second = ann.post(f"/api/v1/instances/{i}/runs", json={"command": "train"}).json()
     set_autostop(ann, i, stop_after_run=first["id"])
     # switching to another run: the first one's end no longer stops the instance
     assert set_autostop(ann, i, stop_after_run=second["id"])["stop_after_run"] == second["id"]
 
-    other = running(bob, tick, runner_for, gpu="T4:1")
+    other, _ = make_running_instance(bob, tick, runner_for, gpu="T4:1")
     theirs = bob.post(f"/api/v1/instances/{other}/runs", json={"command": "x"}).json()
     r = ann.put(f"/api/v1/instances/{i}/autostop", json={"stop_after_run": theirs["id"]})
     assert r.status_code == 404 and "has no run" in r.json()["detail"]
@@ -251,12 +239,8 @@ def test_bad_autostop_settings_are_refused_with_what_to_do(ann: Caller, bob: Cal
 
 @pytest.fixture
 def ceiling_rt(tmp_path: Path, database_url: str) -> Iterator[Runtime]:
-    settings = Settings(
-        home=tmp_path / "ceiling",
-        database_url=database_url,
-        simulated_gpus="A100-80GB:1",
-        admin_password="admin-password-1",
-        idle_stop_max_minutes=60,
+    settings = make_settings(
+        tmp_path / "ceiling", database_url, simulated_gpus="A100-80GB:1", idle_stop_max_minutes=60
     )
     runtime = build_runtime(settings, FakeBackend())
     yield runtime

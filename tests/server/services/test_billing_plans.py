@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from factories import Caller, RunnerDouble
+from factories import Caller, RunnerDouble, make_running_instance
 from gpulease.core.money import cost_for_seconds
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Instance, UsageSegment
@@ -15,17 +15,6 @@ from gpulease.server.runtime import Runtime
 from gpulease.server.services import metering
 
 ALL_DAY = {"weekdays": "all", "start": "00:00", "end": "00:00", "discount": "50"}
-
-
-def _start(
-    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble], **body: object
-) -> int:
-    r = ann.post("/api/v1/instances", json={"gpu": "A100-80GB:1", **body})
-    assert r.status_code == 201, r.text
-    instance_id = int(r.json()["id"])
-    tick()
-    runner_for(instance_id).ready()
-    return instance_id
 
 
 def _age_segment(rt: Runtime, instance_id: int, seconds: int) -> UsageSegment:
@@ -51,7 +40,7 @@ def test_plan_quotes_show_rules_before_purchase(ann: Caller) -> None:
 def test_spot_is_charged_at_the_spot_rate(
     ann: Caller, rt: Runtime, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id = _start(ann, tick, runner_for, plan="spot")
+    instance_id, _ = make_running_instance(ann, tick, runner_for, plan="spot")
     seg = _age_segment(rt, instance_id, 3600)
     assert seg.plan == "spot" and seg.charged_micro == 540_000  # $0.90 less 40 %
 
@@ -67,7 +56,7 @@ def test_offpeak_window_discounts_new_segments(
     r = admin.post("/api/v1/admin/offpeak", json=ALL_DAY)
     assert r.status_code == 201, r.text
     assert ann.get("/api/v1/offpeak").json()[0]["discount_percent"] == "50"
-    instance_id = _start(ann, tick, runner_for)
+    instance_id, _ = make_running_instance(ann, tick, runner_for)
     seg = _age_segment(rt, instance_id, 3600)
     assert seg.charged_micro == 450_000
 
@@ -115,7 +104,7 @@ def test_daily_block_is_prepaid_and_reserves_the_gpus(
     ann: Caller, rt: Runtime, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
     before = ann.get("/api/v1/balance").json()["balance_micro"]
-    instance_id = _start(ann, tick, runner_for, gpu="T4:1", plan="daily")
+    instance_id, _ = make_running_instance(ann, tick, runner_for, gpu="T4:1", plan="daily")
     assert before - ann.get("/api/v1/balance").json()["balance_micro"] == 5_000_000  # 20 h × $0.25
     _age_segment(rt, instance_id, 1800)
     assert before - ann.get("/api/v1/balance").json()["balance_micro"] == 5_000_000  # no per-second
@@ -148,7 +137,9 @@ def test_daily_auto_renew_buys_the_next_block(
 ) -> None:
     r = ann.post("/api/v1/instances", json={"gpu": "T4:1", "auto_renew": True})
     assert r.status_code == 422 and "daily" in r.json()["detail"]
-    instance_id = _start(ann, tick, runner_for, gpu="T4:1", plan="daily", auto_renew=True)
+    instance_id, _ = make_running_instance(
+        ann, tick, runner_for, gpu="T4:1", plan="daily", auto_renew=True
+    )
     with transaction(rt.sessions) as session:
         row = session.get(Instance, instance_id)
         assert row is not None
@@ -174,7 +165,7 @@ def test_segments_keep_the_windows_they_opened_with(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    instance_id = _start(ann, tick, runner_for)
+    instance_id, _ = make_running_instance(ann, tick, runner_for)
     admin.post("/api/v1/admin/offpeak", json=ALL_DAY)  # added after the segment opened
     seg = _age_segment(rt, instance_id, 7200)
     assert seg.charged_micro == cost_for_seconds(900_000, 7200)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from datasets_support import moto_s3, random_tree, runner_connection, sdk, tree_digests
-from factories import Caller, RunnerDouble
+from factories import Caller, RunnerDouble, make_settings
 from gpulease.backends.fake import FakeBackend
 from gpulease.runner.datasets import materialise
 from gpulease.server.runtime import Runtime
@@ -24,11 +24,10 @@ def settings(  # the server's settings, on S3 instead of local files
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     with moto_s3("datasets") as endpoint:
-        yield Settings(
-            home=tmp_path / "home",
-            database_url=database_url,
+        yield make_settings(
+            tmp_path / "home",
+            database_url,
             simulated_gpus="T4:1",
-            admin_password="admin-password-1",
             blob_store="s3",
             s3_bucket="datasets",
             s3_endpoint_url=endpoint,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from sqlalchemy import select
 
-from factories import Caller, RunnerDouble
+from factories import Caller, RunnerDouble, make_running_instance
 from gpulease.server.db import transaction
 from gpulease.server.orm import MetricPoint, Run
 from gpulease.server.runtime import Runtime
@@ -23,12 +23,7 @@ def _running_run(
     runner_for: Callable[[int], RunnerDouble],
     gpu: str = "T4:1",
 ) -> tuple[int, int, RunnerDouble]:
-    r = ann.post("/api/v1/instances", json={"gpu": gpu})
-    assert r.status_code == 201, r.text
-    instance_id = int(r.json()["id"])
-    tick()
-    runner = runner_for(instance_id)
-    runner.ready()
+    instance_id, runner = make_running_instance(ann, tick, runner_for, gpu=gpu)
     run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "python t.py"})
     run_id = int(run.json()["id"])
     assert runner.call("POST", f"/runs/{run_id}/started", json={"pid": 2}).status_code == 204

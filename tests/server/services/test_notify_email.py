@@ -14,7 +14,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from sqlalchemy import select
 
-from factories import Caller
+from factories import Caller, make_settings
 from gpulease.server.db import transaction
 from gpulease.server.orm import NotificationChannel, NotificationDelivery
 from gpulease.server.reconcilers import notify
@@ -48,11 +48,10 @@ def inbox() -> Iterator[tuple[Inbox, int]]:
 
 @pytest.fixture
 def settings(tmp_path: Path, database_url: str, inbox: tuple[Inbox, int]) -> Settings:
-    return Settings(
-        home=tmp_path / "home",
-        database_url=database_url,
+    return make_settings(
+        tmp_path / "home",
+        database_url,
         simulated_gpus="A100-80GB:2",
-        admin_password="admin-password-1",
         smtp_host="127.0.0.1",
         smtp_port=inbox[1],
         smtp_from="gpulease@example.com",

@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy import func, select
 
-from factories import Caller, RunnerDouble
+from factories import Caller, RunnerDouble, make_running_instance
 from gpulease.core.errors import InvalidInput
 from gpulease.core.money import cost_for_seconds
 from gpulease.server.db import transaction
@@ -21,15 +21,6 @@ from gpulease.server.services import ledger, metering, statements
 
 Tick = Callable[[], None]
 Runners = Callable[[int], RunnerDouble]
-
-
-def _running(owner: Caller, tick: Tick, runner_for: Runners, gpu: str, name: str) -> int:
-    r = owner.post("/api/v1/instances", json={"gpu": gpu, "name": name})
-    assert r.status_code == 201, r.text
-    instance_id = int(r.json()["id"])
-    tick()
-    runner_for(instance_id).ready()
-    return instance_id
 
 
 def _bill_from(rt: Runtime, instance_id: int, start: datetime, seconds: int) -> None:
@@ -72,7 +63,7 @@ def _period(days_back: int = 1) -> dict[str, str]:
 def test_gpu_time_splits_at_midnight_in_the_statements_zone(
     ann: Caller, rt: Runtime, tick: Tick, runner_for: Runners
 ) -> None:
-    instance_id = _running(ann, tick, runner_for, "A100-80GB:2", "across")
+    instance_id, _ = make_running_instance(ann, tick, runner_for, "across", gpu="A100-80GB:2")
     midnight = _midnight_utc()
     # 1 h 30 min before midnight (and a quarter second, to test the partial second), 4 h long
     _bill_from(rt, instance_id, midnight - timedelta(seconds=5400 - 0.25), 4 * 3600)
@@ -128,9 +119,9 @@ def test_split_by_day_is_exact_for_any_start() -> None:
 def test_per_model_and_per_instance_totals_equal_the_ledger(
     ann: Caller, rt: Runtime, tick: Tick, runner_for: Runners
 ) -> None:
-    t4 = _running(ann, tick, runner_for, "T4:1", "small")
+    t4, _ = make_running_instance(ann, tick, runner_for, "small", gpu="T4:1")
     _bill_from(rt, t4, _midnight_utc() - timedelta(seconds=1234), 7777)
-    a100 = _running(ann, tick, runner_for, "A100-80GB:1", "big")
+    a100, _ = make_running_instance(ann, tick, runner_for, "big", gpu="A100-80GB:1")
     with transaction(rt.sessions) as session:
         seg = metering.open_segment_of(session, a100)
         assert seg is not None
@@ -160,7 +151,7 @@ def test_per_model_and_per_instance_totals_equal_the_ledger(
 def test_csv_parses_and_matches_the_json(
     ann: Caller, rt: Runtime, tick: Tick, runner_for: Runners
 ) -> None:
-    instance_id = _running(ann, tick, runner_for, "T4:1", "csv-box")
+    instance_id, _ = make_running_instance(ann, tick, runner_for, "csv-box", gpu="T4:1")
     _bill_from(rt, instance_id, _midnight_utc() - timedelta(seconds=600), 1200)
     data = ann.get("/api/v1/statement", params=_period()).json()
     r = ann.get("/api/v1/statement.csv", params=_period())
@@ -185,7 +176,9 @@ def test_csv_parses_and_matches_the_json(
 def test_another_users_figures_never_show(
     ann: Caller, bob: Caller, rt: Runtime, tick: Tick, runner_for: Runners
 ) -> None:
-    instance_id = _running(ann, tick, runner_for, "A100-80GB:1", "secret-project")
+    instance_id, _ = make_running_instance(
+        ann, tick, runner_for, "secret-project", gpu="A100-80GB:1"
+    )
     _bill_from(rt, instance_id, _midnight_utc() - timedelta(seconds=100), 200)
     mine = bob.get("/api/v1/statement", params=_period()).json()
     assert mine["user"] == "bob"
@@ -206,8 +199,10 @@ def test_admin_revenue_is_the_sum_of_everyones_usage(
     ann: Caller, bob: Caller, admin: Caller, rt: Runtime, tick: Tick, runner_for: Runners
 ) -> None:
     midnight = _midnight_utc()
-    a = _running(ann, tick, runner_for, "A100-80GB:1", "a")
-    b = _running(bob, tick, runner_for, "T4:1", "b")  # (its tick bills a too: start both first)
+    a, _ = make_running_instance(ann, tick, runner_for, "a", gpu="A100-80GB:1")
+    b, _ = make_running_instance(
+        bob, tick, runner_for, "b", gpu="T4:1"
+    )  # (its tick bills a too: start both first)
     _bill_from(rt, a, midnight - timedelta(seconds=3600), 7200)
     _bill_from(rt, b, midnight + timedelta(seconds=60), 999)
 

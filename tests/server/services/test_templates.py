@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from factories import Caller, RunnerDouble
+from factories import Caller, RunnerDouble, make_running_instance, make_settings
 from gpulease.backends.fake import FakeBackend
 from gpulease.gpus.discovery import discover
 from gpulease.server.db import transaction
@@ -74,13 +74,7 @@ NEW_DRIVER = "580.82.07"  # CUDA 13.0
 
 @pytest.fixture
 def settings(tmp_path: Any, database_url: str) -> Settings:
-    return Settings(
-        home=tmp_path / "home",
-        database_url=database_url,
-        simulated_gpus="T4:1",
-        admin_password="admin-password-1",
-        signup_credit="10.00",
-    )
+    return make_settings(tmp_path / "home", database_url, simulated_gpus="T4:1")
 
 
 @pytest.fixture
@@ -202,18 +196,6 @@ def test_unknown_templates_are_refused_clearly(ann: Caller) -> None:
 # -- own templates -------------------------------------------------------------------------------
 
 
-def running_instance(
-    ann: Caller, tick: Any, runner_for: Any, name: str = "box", gpu: str | None = "T4:1"
-) -> RunnerDouble:
-    r = ann.post("/api/v1/instances", json={"gpu": gpu, "template": "pytorch", "name": name})
-    assert r.status_code == 201, r.text
-    tick()
-    runner = runner_for(r.json()["id"])
-    assert isinstance(runner, RunnerDouble)
-    runner.ready()
-    return runner
-
-
 def tasks_of(runner: RunnerDouble) -> list[dict[str, Any]]:
     r = runner.call("GET", "/commands", params={"wait": 0})
     assert r.status_code == 200, r.text
@@ -232,7 +214,7 @@ FREEZE = [
 def test_save_template_round_trip(
     ann: Caller, bob: Caller, tick: Any, runner_for: Any, backend: FakeBackend, rt: Runtime
 ) -> None:
-    runner = running_instance(ann, tick, runner_for)
+    runner = make_running_instance(ann, tick, runner_for, "box", gpu="T4:1", template="pytorch")[1]
 
     saved = ann.post("/api/v1/instances/box/save-template", json={"name": "mytorch"})
     assert saved.status_code == 202, saved.text
@@ -276,8 +258,8 @@ def test_save_template_round_trip(
 
 
 def test_save_template_refusals(ann: Caller, tick: Any, runner_for: Any) -> None:
-    runner = running_instance(ann, tick, runner_for)
-    other = running_instance(ann, tick, runner_for, name="other", gpu=None)
+    runner = make_running_instance(ann, tick, runner_for, "box", gpu="T4:1", template="pytorch")[1]
+    other = make_running_instance(ann, tick, runner_for, "other", gpu=None, template="pytorch")[1]
 
     for bad in ("", "Big", "1abc", "a b", "x" * 49, "../etc"):
         r = ann.post("/api/v1/instances/box/save-template", json={"name": bad})

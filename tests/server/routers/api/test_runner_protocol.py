@@ -4,25 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from factories import Caller, RunnerDouble
-
-
-def _running(
-    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble], **kw: object
-) -> tuple[int, RunnerDouble]:
-    r = ann.post("/api/v1/instances", json={"gpu": "T4:1", **kw})
-    assert r.status_code == 201, r.text
-    instance_id = int(r.json()["id"])
-    tick()
-    runner = runner_for(instance_id)
-    runner.ready()
-    return instance_id, runner
+from factories import Caller, RunnerDouble, make_running_instance
 
 
 def test_run_logs_and_exit_code(
     ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id, runner = _running(ann, tick, runner_for)
+    instance_id, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
     run = ann.post(
         f"/api/v1/instances/{instance_id}/runs",
         json={"command": "python train.py", "env": {"LR": "0.1"}},
@@ -42,7 +30,7 @@ def test_run_logs_and_exit_code(
 def test_resent_log_chunks_are_not_duplicated(
     ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id, runner = _running(ann, tick, runner_for)
+    instance_id, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
     run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "x"}).json()
     chunk = {"seq": 0, "stream": "stderr", "data": "warning\n", "time": 1.7e9}
     for _ in range(3):
@@ -57,7 +45,7 @@ def test_resent_log_chunks_are_not_duplicated(
 def test_failed_run_reports_its_code(
     ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id, runner = _running(ann, tick, runner_for)
+    instance_id, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
     run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "exit 3"}).json()
     runner.run(run["id"], [], 3)
     got = ann.get(f"/api/v1/runs/{run['id']}").json()
@@ -68,7 +56,9 @@ def test_failed_run_reports_its_code(
 def test_one_shot_instance_is_released_when_its_run_ends(
     ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id, runner = _running(ann, tick, runner_for, auto_release=True)
+    instance_id, runner = make_running_instance(
+        ann, tick, runner_for, gpu="T4:1", auto_release=True
+    )
     run = ann.post(
         f"/api/v1/instances/{instance_id}/runs",
         json={"command": "python train.py", "stop_instance_on_exit": True},
@@ -84,7 +74,7 @@ def test_one_shot_instance_is_released_when_its_run_ends(
 def test_runs_end_when_their_instance_stops(
     ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id, runner = _running(ann, tick, runner_for)
+    instance_id, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
     run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "sleep 100"}).json()
     ann.post(f"/api/v1/instances/{instance_id}/stop")
     runner.stopped()
@@ -95,8 +85,8 @@ def test_runs_end_when_their_instance_stops(
 def test_runner_cannot_touch_another_instances_runs(
     ann: Caller, bob: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    a_id, _ = _running(ann, tick, runner_for)
-    _, b_runner = _running(bob, tick, runner_for, gpu="A100-80GB:1")
+    a_id, _ = make_running_instance(ann, tick, runner_for, gpu="T4:1")
+    _, b_runner = make_running_instance(bob, tick, runner_for, gpu="A100-80GB:1")
     run = ann.post(f"/api/v1/instances/{a_id}/runs", json={"command": "x"}).json()
     r = b_runner.call(
         "POST",
@@ -133,7 +123,7 @@ def test_workdir_upload_reaches_the_runner(
 def test_log_stream_sends_chunks_then_end(
     ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
-    instance_id, runner = _running(ann, tick, runner_for)
+    instance_id, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
     run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "x"}).json()
     runner.run(run["id"], ["a", "b"], 0)
     url = f"/api/v1/runs/{run['id']}/stream?metrics=false"

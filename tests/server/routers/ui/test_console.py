@@ -2,51 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from starlette.testclient import TestClient
 
-from factories import Caller, RunnerDouble
+from factories import BrowserFactory, Caller, RunnerDouble, make_running_instance
 from gpulease.server.routers.deps import SESSION_COOKIE
 from gpulease.server.runtime import Runtime
 
-BrowserFactory = Callable[..., TestClient]
 PASSWORD = "password-123"
-
-
-@pytest.fixture
-def browser(http: TestClient) -> Iterator[BrowserFactory]:
-    """browser() -> a client of the same app with its own cookie jar that does not follow
-    redirects, as a separate browser would be."""
-    made: list[TestClient] = []
-
-    def make(base_url: str = "http://testserver") -> TestClient:
-        client = TestClient(http.app, base_url=base_url, follow_redirects=False)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 def log_in(client: TestClient, name: str, password: str = PASSWORD) -> None:
     r = client.post("/login", data={"name": name, "password": password})
     assert r.status_code == 303, r.text
     assert r.headers["location"] == "/"
-
-
-def running_instance(
-    owner: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble], name: str
-) -> tuple[int, RunnerDouble]:
-    r = owner.post("/api/v1/instances", json={"gpu": "A100-80GB:1", "name": name})
-    assert r.status_code == 201, r.text
-    instance_id = int(r.json()["id"])
-    tick()
-    runner = runner_for(instance_id)
-    runner.ready()
-    return instance_id, runner
 
 
 def test_logged_out_pages_redirect_to_login(browser: BrowserFactory) -> None:
@@ -240,7 +211,7 @@ def test_dashboard_shows_instances_queue_runs_and_notifications(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    _, runner = running_instance(ann, tick, runner_for, "cats")
+    _, runner = make_running_instance(ann, tick, runner_for, "cats")
     for name in ("second", "third"):
         assert ann.post("/api/v1/instances", json={"gpu": "A100-80GB:1", "name": name})
     tick()
@@ -275,7 +246,7 @@ def test_other_users_run_log_is_not_reachable(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    _, runner = running_instance(ann, tick, runner_for, "secret")
+    _, runner = make_running_instance(ann, tick, runner_for, "secret")
     run = ann.post("/api/v1/instances/secret/runs", json={"command": "echo ann-only"}).json()
     runner.run(run["id"], ["the secret output"], exit_code=0)
     client = browser()
@@ -303,7 +274,7 @@ def test_everything_a_user_typed_is_escaped(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    _, runner = running_instance(ann, tick, runner_for, "xss")
+    _, runner = make_running_instance(ann, tick, runner_for, "xss")
     command = "echo '<script>alert(1)</script>' \"&\""
     run = ann.post("/api/v1/instances/xss/runs", json={"command": command}).json()
     runner.run(run["id"], ["<img src=x onerror=alert(1)>"], exit_code=0)

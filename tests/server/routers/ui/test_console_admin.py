@@ -3,37 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 from starlette.testclient import TestClient
 
-from factories import Caller, RunnerDouble
+from factories import BrowserFactory, Caller, RunnerDouble, logged_in
 
-BrowserFactory = Callable[[], TestClient]
 ADMIN_PAGES = ("/admin", "/admin/nodes", "/admin/users", "/admin/prices")
-
-
-@pytest.fixture
-def browser(http: TestClient) -> Iterator[BrowserFactory]:
-    """browser() -> a client of the app with its own cookies that does not follow redirects."""
-    made: list[TestClient] = []
-
-    def make() -> TestClient:
-        client = TestClient(http.app, base_url="http://testserver", follow_redirects=False)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
-
-
-def logged_in(browser: BrowserFactory, name: str, password: str = "password-123") -> TestClient:
-    client = browser()
-    r = client.post("/login", data={"name": name, "password": password})
-    assert r.status_code == 303, r.text
-    return client
 
 
 def as_admin(browser: BrowserFactory) -> TestClient:
@@ -191,8 +167,13 @@ def test_prices_page_shows_the_catalog_and_edits_off_peak_windows(
     html = text(client.get("/admin/prices").text)
     assert "mon, tue, wed, thu, fri" in html and "30 %" in html
     for changes, says in [
-        ({"discount": "nan"}, "discount 'nan': write a percentage like 40"),
+        ({"discount": "nan"}, "discount 'nan' is not a number; write a percentage above 0"),
+        ({"discount": "inf"}, "discount 'inf' is not a number"),
+        ({"discount": "-Infinity %"}, "is not a number"),
+        ({"discount": "-10"}, "discount '-10' is out of range"),
+        ({"discount": "0"}, "above 0 % and at most 100 %"),
         ({"discount": "150"}, "at most 100 %"),
+        ({"discount": "100.5%"}, "discount '100.5%' is out of range"),
         ({"start": "25:00"}, "'25:00' is not a time of day"),
         ({"weekdays": "someday"}, "someday"),
         ({}, "overlaps an existing off-peak window"),

@@ -1,45 +1,19 @@
-"""Console pages of issue 3: the Create form with its estimate, and the Billing page."""
+"""Console pages: the Create form with its estimate, and the Billing page."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from starlette.testclient import TestClient
 
-from factories import Caller, RunnerDouble
+from factories import BrowserFactory, Caller, RunnerDouble, logged_in
 from gpulease.schemas.statements import RevenueDay
 from gpulease.server.db import transaction
 from gpulease.server.routers.ui.billing import revenue_chart
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import metering
-
-BrowserFactory = Callable[[], TestClient]
-
-
-@pytest.fixture
-def browser(http: TestClient) -> Iterator[BrowserFactory]:
-    """browser() -> a client of the app with its own cookies that does not follow redirects."""
-    made: list[TestClient] = []
-
-    def make() -> TestClient:
-        client = TestClient(http.app, base_url="http://testserver", follow_redirects=False)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
-
-
-def logged_in(browser: BrowserFactory, name: str, password: str = "password-123") -> TestClient:
-    client = browser()
-    r = client.post("/login", data={"name": name, "password": password})
-    assert r.status_code == 303, r.text
-    return client
-
 
 FORM = {"gpu_model": "T4", "gpu_count": "1", "template": "pytorch", "name": "cats"}
 

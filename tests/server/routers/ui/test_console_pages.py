@@ -1,4 +1,4 @@
-"""Console pages of issue 6 over HTTP: catalog, create form, instance, run and compare pages.
+"""Console pages over HTTP: catalog, create form, instance, run and compare pages.
 
 Each page renders for its owner, is a 404 for anyone else, and answers bad input with a 4xx
 page that says what to do. Runs on SQLite and PostgreSQL (the `database_url` fixture).
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from factories import Caller, RunnerDouble
+from factories import Caller, RunnerDouble, console_client, make_running_instance
 from gpulease.gpus.discovery import discover
 from gpulease.server.db import transaction
 from gpulease.server.runtime import Runtime
@@ -34,7 +34,7 @@ def logged_in(http: TestClient, database_url: str) -> Iterator[ClientFactory]:
     made: list[TestClient] = []
 
     def make(name: str) -> TestClient:
-        client = TestClient(http.app, follow_redirects=False)
+        client = console_client(http.app)
         made.append(client)
         r = client.post("/login", data={"name": name, "password": PASSWORD})
         assert r.status_code == 303, r.text
@@ -43,22 +43,6 @@ def logged_in(http: TestClient, database_url: str) -> Iterator[ClientFactory]:
     yield make
     for client in made:
         client.close()
-
-
-def running_instance(
-    owner: Caller,
-    tick: Callable[[], None],
-    runner_for: Callable[[int], RunnerDouble],
-    name: str,
-    gpu: str = "A100-80GB:1",
-) -> tuple[int, RunnerDouble]:
-    r = owner.post("/api/v1/instances", json={"gpu": gpu, "name": name})
-    assert r.status_code == 201, r.text
-    instance_id = int(r.json()["id"])
-    tick()
-    runner = runner_for(instance_id)
-    runner.ready()
-    return instance_id, runner
 
 
 def finished_run(
@@ -88,7 +72,7 @@ def test_nav_lists_every_area_and_admin_only_for_admins(
         assert f'href="{href}"' in nav.group(0)
     assert 'href="/admin"' not in nav.group(0)
     assert 'href="/catalog" class="active"' in html
-    admin_client = TestClient(ann.http.app, follow_redirects=False)
+    admin_client = console_client(ann.http.app)
     r = admin_client.post("/login", data={"name": "admin", "password": "admin-password-1"})
     assert r.status_code == 303
     assert 'href="/admin"' in admin_client.get("/catalog").text
@@ -101,7 +85,7 @@ def test_catalog_shows_prices_free_total_and_simulated_marks(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    running_instance(ann, tick, runner_for, "cats")
+    make_running_instance(ann, tick, runner_for, "cats")
     client = logged_in("ann")
     page = client.get("/catalog")
     assert page.status_code == 200
@@ -112,7 +96,7 @@ def test_catalog_shows_prices_free_total_and_simulated_marks(
     assert "$0.9000/h" in row.group(0)  # the on-demand price of pricing.yaml
     assert re.search(r'<tr data-model="T4">.*?0 / 0|1 / 1', page.text, re.S)
     assert "no off-peak windows" in page.text
-    assert TestClient(ann.http.app, follow_redirects=False).get("/catalog").status_code == 303
+    assert console_client(ann.http.app).get("/catalog").status_code == 303
 
 
 class OldDriverH100s:
@@ -253,7 +237,7 @@ def test_instance_page_for_its_owner_and_404_for_anyone_else(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    instance_id, runner = running_instance(ann, tick, runner_for, "cats")
+    instance_id, runner = make_running_instance(ann, tick, runner_for, "cats")
     run_id = finished_run(ann, runner, "cats", [0.9, 0.5])
     client = logged_in("ann")
     for ref in (str(instance_id), "cats"):
@@ -288,7 +272,7 @@ def test_stop_start_release_buttons_go_through_the_services(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    instance_id, runner = running_instance(ann, tick, runner_for, "cats")
+    instance_id, runner = make_running_instance(ann, tick, runner_for, "cats")
     client = logged_in("ann")
     bobs = logged_in("bob")
 
@@ -328,7 +312,7 @@ def test_start_a_run_from_the_instance_page(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    instance_id, runner = running_instance(ann, tick, runner_for, "cats")
+    instance_id, runner = make_running_instance(ann, tick, runner_for, "cats")
     client = logged_in("ann")
     r = client.post(
         f"/instances/{instance_id}/runs", data={"command": "echo hi"}, headers=SAME_ORIGIN
@@ -353,7 +337,7 @@ def test_run_page_for_its_owner_and_404_for_anyone_else(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    _, runner = running_instance(ann, tick, runner_for, "cats")
+    _, runner = make_running_instance(ann, tick, runner_for, "cats")
     run_id = finished_run(ann, runner, "cats", [0.9, 0.5, 0.3])
     client = logged_in("ann")
     page = client.get(f"/runs/{run_id}")
@@ -384,7 +368,7 @@ def test_compare_page_overlays_the_users_runs_only(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    _, runner = running_instance(ann, tick, runner_for, "cats")
+    _, runner = make_running_instance(ann, tick, runner_for, "cats")
     first = finished_run(ann, runner, "cats", [0.9, 0.5])
     second = finished_run(ann, runner, "cats", [0.8, 0.4, 0.2])
     client = logged_in("ann")
@@ -416,7 +400,7 @@ def test_dashboard_links_to_the_instance_and_run_pages(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    instance_id, runner = running_instance(ann, tick, runner_for, "cats")
+    instance_id, runner = make_running_instance(ann, tick, runner_for, "cats")
     run_id = finished_run(ann, runner, "cats", [0.5])
     html = logged_in("ann").get("/").text
     assert f'href="/instances/{instance_id}"' in html

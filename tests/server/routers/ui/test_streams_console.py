@@ -13,22 +13,10 @@ from sqlalchemy import select
 from starlette.testclient import TestClient, WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
-from factories import Caller, RunnerDouble
+from factories import Caller, RunnerDouble, console_client, make_running_instance
 from gpulease.server.orm import Instance
 from gpulease.server.routers.deps import SESSION_COOKIE
 from gpulease.server.runtime import Runtime
-
-
-def running_instance(
-    owner: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble], name: str
-) -> tuple[int, RunnerDouble]:
-    r = owner.post("/api/v1/instances", json={"gpu": "A100-80GB:1", "name": name})
-    assert r.status_code == 201, r.text
-    instance_id = int(r.json()["id"])
-    tick()
-    runner = runner_for(instance_id)
-    runner.ready()
-    return instance_id, runner
 
 
 def cookie(caller: Caller, origin: str | None = "http://testserver") -> dict[str, str]:
@@ -102,7 +90,7 @@ def runner_socket(http: TestClient, runner: RunnerDouble, stream_id: str) -> Any
 def ann_instance(
     ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> tuple[int, RunnerDouble]:
-    return running_instance(ann, tick, runner_for, "box")
+    return make_running_instance(ann, tick, runner_for, "box")
 
 
 def test_terminal_relays_bytes_resize_and_exit_and_records_activity(
@@ -161,8 +149,8 @@ def test_another_user_gets_404_anonymous_must_log_in_and_other_sites_are_refused
 ) -> None:
     instance_id, runner = ann_instance
     base = f"/instances/{instance_id}"
-    bob_client = TestClient(http.app, follow_redirects=False, cookies={SESSION_COOKIE: bob.token})
-    anonymous = TestClient(http.app, follow_redirects=False)
+    bob_client = console_client(http.app, cookies={SESSION_COOKIE: bob.token})
+    anonymous = console_client(http.app)
     with bob_client, anonymous:
         assert bob_client.get(f"{base}/terminal").status_code == 404
         assert bob_client.get(f"{base}/jupyter/lab").status_code == 404
@@ -233,7 +221,7 @@ def test_a_runner_cannot_attach_to_another_instances_stream(
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
     instance_id, runner = ann_instance
-    _, bobs_runner = running_instance(bob, tick, runner_for, "other")
+    _, bobs_runner = make_running_instance(bob, tick, runner_for, "other")
     with http.websocket_connect(
         f"/instances/{instance_id}/terminal/ws", headers=cookie(ann)
     ) as browser:

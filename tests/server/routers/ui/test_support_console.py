@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from factories import Caller, RunnerDouble
+from factories import Caller, RunnerDouble, console_client, make_running_instance
 
 BrowserFactory = Callable[[], TestClient]
 
@@ -19,7 +19,7 @@ def browser(http: TestClient) -> Iterator[Callable[[str], TestClient]]:
     made: list[TestClient] = []
 
     def make(name: str) -> TestClient:
-        client = TestClient(http.app, follow_redirects=False)
+        client = console_client(http.app)
         made.append(client)
         password = "admin-password-1" if name == "admin" else "password-123"
         r = client.post("/login", data={"name": name, "password": password})
@@ -33,11 +33,7 @@ def browser(http: TestClient) -> Iterator[Callable[[str], TestClient]]:
 
 @pytest.fixture
 def run_id(ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]) -> int:
-    r = ann.post("/api/v1/instances", json={"gpu": "A100-80GB:1", "name": "cats"})
-    assert r.status_code == 201, r.text
-    tick()
-    runner = runner_for(int(r.json()["id"]))
-    runner.ready()
+    _, runner = make_running_instance(ann, tick, runner_for, "cats")
     run = ann.post("/api/v1/instances/cats/runs", json={"command": "python train.py"}).json()
     runner.run(run["id"], ["epoch 1 loss=0.9", "RuntimeError: <boom> & co"], exit_code=1)
     return int(run["id"])
@@ -160,7 +156,7 @@ def test_notification_settings_page(ann: Caller, browser: Callable[[str], TestCl
 
 
 def test_pages_need_a_login(http: TestClient) -> None:
-    client = TestClient(http.app, follow_redirects=False)
+    client = console_client(http.app)
     for url in ("/support", "/support/new", "/support/1", "/settings/notifications"):
         r = client.get(url)
         assert r.status_code == 303 and r.headers["location"].startswith("/login"), url
