@@ -18,7 +18,14 @@ from starlette.concurrency import run_in_threadpool
 
 from gpulease.core.errors import InvalidInput
 from gpulease.core.ids import MAX_ID, parse_id
-from gpulease.schemas.metrics import GpuHeatmap, InstanceGpus, RunMetrics, RunsCompared
+from gpulease.schemas.metrics import (
+    GpuHeatmap,
+    GpuSamplePublic,
+    InstanceGpus,
+    MetricPointPublic,
+    RunMetrics,
+    RunsCompared,
+)
 from gpulease.schemas.runner import RUNNER_API, RunnerGpuSamples, RunnerMetrics
 from gpulease.schemas.runs import LogChunkPublic, RunPublic
 from gpulease.server.routers.deps import (
@@ -79,11 +86,6 @@ def runner_gpu_samples(
 # -- series and CSV ----------------------------------------------------------------------
 
 
-def _run_metrics(session: Any, run: Any, keys: list[str] | None, max_points: int) -> RunMetrics:
-    data = metrics.series(session, run, keys, max_points)
-    return RunMetrics.model_validate({**data, "run": RunPublic.model_validate(run)})
-
-
 @router.get("/runs/compare")
 def compare_runs(
     session: SessionDep, user: CurrentUser, ids: str, key: str = "loss", max_points: int = 1000
@@ -102,7 +104,7 @@ def compare_runs(
     check_max_points(max_points)
     found = [runs.get_run(session, user, run_id) for run_id in run_ids]
     return RunsCompared(
-        key=keys[0], runs=[_run_metrics(session, run, keys, max_points) for run in found]
+        key=keys[0], runs=[metrics.series(session, run, keys, max_points) for run in found]
     )
 
 
@@ -116,7 +118,7 @@ def run_metrics(
 ) -> RunMetrics:
     """The run's curves, each at most max_points (see services.metrics.series)."""
     wanted = parse_keys(keys)
-    return _run_metrics(session, runs.get_run(session, user, run_id), wanted, max_points)
+    return metrics.series(session, runs.get_run(session, user, run_id), wanted, max_points)
 
 
 @router.get("/runs/{run_id}/metrics.csv")
@@ -212,7 +214,7 @@ async def stream_run(
     log_after, point_after = _parse_cursor(request.headers.get("last-event-id") or since)
     wanted = parse_keys(keys)
 
-    def read() -> tuple[list[LogChunkPublic], list[dict[str, Any]], RunPublic]:
+    def read() -> tuple[list[LogChunkPublic], list[MetricPointPublic], RunPublic]:
         # a stream outlives any one transaction: each read is its own and checks the
         # caller's token again, so a revoked token ends the stream
         with tx(request) as session:
@@ -232,7 +234,7 @@ async def stream_run(
     last_status: list[str | None] = [None]
 
     def emit(
-        batch: tuple[list[LogChunkPublic], list[dict[str, Any]], RunPublic],
+        batch: tuple[list[LogChunkPublic], list[MetricPointPublic], RunPublic],
     ) -> tuple[list[str], bool]:
         nonlocal log_after, point_after
         chunks, points, run = batch
@@ -241,8 +243,8 @@ async def stream_run(
             log_after = c.seq
             out.append(_event("log", c.model_dump_json(), f"{log_after}:{point_after}"))
         if points:
-            point_after = points[-1]["id"]
-            data = json.dumps({"points": points})
+            point_after = points[-1].id
+            data = json.dumps({"points": [p.model_dump() for p in points]})
             out.append(_event("metric", data, f"{log_after}:{point_after}"))
         if run.status != last_status[0]:
             last_status[0] = run.status
@@ -273,9 +275,7 @@ def instance_gpus(
     if not 10 <= max_points <= 5000:
         raise InvalidInput("max_points must be from 10 to 5000")
     instance = lifecycle.get_instance(session, user, ref)
-    return InstanceGpus.model_validate(
-        metrics.instance_gpus(session, instance, minutes, max_points)
-    )
+    return metrics.instance_gpus(session, instance, minutes, max_points)
 
 
 @router.get("/instances/{ref}/gpus/stream")
@@ -293,7 +293,7 @@ async def stream_instance_gpus(ref: str, request: Request, since: int = -1) -> S
     if not -1 <= after <= MAX_ID:
         raise InvalidInput("since must be a sample id as sent in the events, or -1 (from now on)")
 
-    def read() -> list[dict[str, Any]]:
+    def read() -> list[GpuSamplePublic]:
         nonlocal after
         with tx(request) as session:
             user = current_user(session, request)
@@ -305,12 +305,13 @@ async def stream_instance_gpus(ref: str, request: Request, since: int = -1) -> S
 
     first = await run_in_threadpool(read)
 
-    def emit(samples: list[dict[str, Any]]) -> tuple[list[str], bool]:
+    def emit(samples: list[GpuSamplePublic]) -> tuple[list[str], bool]:
         nonlocal after
         if not samples:
             return [], False
-        after = samples[-1]["id"]
-        return [_event("sample", json.dumps({"samples": samples}), str(after))], False
+        after = samples[-1].id
+        data = json.dumps({"samples": [s.model_dump() for s in samples]})
+        return [_event("sample", data, str(after))], False
 
     return StreamingResponse(
         _keepalive_loop(request, read, emit, [request.app.state.signals.gpu], first),
@@ -325,4 +326,4 @@ def gpu_heatmap(
 ) -> GpuHeatmap:
     """Mean GPU utilisation per node × GPU × time bucket (admins only); see
     services.metrics.gpu_heatmap for the shape."""
-    return GpuHeatmap.model_validate(metrics.gpu_heatmap(session, minutes, bucket_s))
+    return metrics.gpu_heatmap(session, minutes, bucket_s)

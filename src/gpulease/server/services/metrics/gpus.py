@@ -13,6 +13,15 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import Forbidden, InvalidInput
+from gpulease.schemas.metrics import (
+    GpuHeatmap,
+    GpuSamplePublic,
+    GpuSeries,
+    HeatmapGpu,
+    HeatmapNode,
+    InstanceGpu,
+    InstanceGpus,
+)
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Gpu, GpuSample, Instance, Node
 from gpulease.server.services.metrics.downsample import bucket_means
@@ -150,18 +159,18 @@ def newest_sample_times(
     return {str(uuid): time for uuid, time in rows if time is not None}
 
 
-def sample_public(s: GpuSample) -> dict[str, Any]:
-    return {
-        "id": s.id,
-        "uuid": s.gpu_uuid,
-        "instance_id": s.instance_id,
-        "time": s.time.timestamp(),
-        "util_pct": s.util_pct,
-        "memory_used_mb": s.memory_used_mb,
-        "memory_total_mb": s.memory_total_mb,
-        "power_w": s.power_w,
-        "temperature_c": s.temperature_c,
-    }
+def sample_public(s: GpuSample) -> GpuSamplePublic:
+    return GpuSamplePublic(
+        id=s.id,
+        uuid=s.gpu_uuid,
+        instance_id=s.instance_id,
+        time=s.time.timestamp(),
+        util_pct=s.util_pct,
+        memory_used_mb=s.memory_used_mb,
+        memory_total_mb=s.memory_total_mb,
+        power_w=s.power_w,
+        temperature_c=s.temperature_c,
+    )
 
 
 def _gpu_public(g: Gpu) -> dict[str, Any]:
@@ -211,7 +220,7 @@ def latest_gpu_samples(
                 "node": node_name,
                 **_gpu_public(gpu),
                 "instance_id": gpu.instance_id,
-                "sample": sample_public(sample) if sample is not None else None,
+                "sample": sample_public(sample).model_dump() if sample is not None else None,
             }
         )
     return result
@@ -225,18 +234,10 @@ def check_window(minutes: int, limit: int = 7 * 24 * 60) -> int:
 
 def instance_gpus(
     session: Session, instance: Instance, minutes: int = 15, max_points: int = 300
-) -> dict[str, Any]:
+) -> InstanceGpus:
     """The GPUs the instance holds (or held within the window) with their newest sample and
-    their readings of the last `minutes`, averaged down to at most max_points. Shape:
-
-        {"instance_id": 7, "minutes": 15, "last_sample_id": 1234,
-         "gpus": [{"uuid", "index", "model", "nvml_name", "memory_mb", "simulated",
-                   "held": true, "latest": sample | null,
-                   "series": {"times": [unix s], "util_pct": [...], "memory_used_mb": [...],
-                              "power_w": [...], "temperature_c": [...]}}]}
-
-    A simulated GPU has `"simulated": true`, no latest sample and empty series.
-    """
+    their readings of the last `minutes`, averaged down to at most max_points. A simulated
+    GPU is flagged `simulated`, with no latest sample and empty series."""
     check_window(minutes)
     since = utcnow() - timedelta(minutes=minutes)
     samples = list(
@@ -266,19 +267,19 @@ def instance_gpus(
             series["times"] = []
         public = _gpu_public(gpu) if gpu is not None else {"uuid": uuid, "simulated": False}
         result.append(
-            {
+            InstanceGpu(
                 **public,
-                "held": gpu is not None and gpu.instance_id == instance.id,
-                "latest": sample_public(mine[-1]) if mine else None,
-                "series": series,
-            }
+                held=gpu is not None and gpu.instance_id == instance.id,
+                latest=sample_public(mine[-1]) if mine else None,
+                series=GpuSeries(**series),
+            )
         )
-    return {
-        "instance_id": instance.id,
-        "minutes": minutes,
-        "last_sample_id": last_instance_sample_id(session, instance),
-        "gpus": result,
-    }
+    return InstanceGpus(
+        instance_id=instance.id,
+        minutes=minutes,
+        last_sample_id=last_instance_sample_id(session, instance),
+        gpus=result,
+    )
 
 
 def last_instance_sample_id(session: Session, instance: Instance) -> int:
@@ -290,7 +291,7 @@ def last_instance_sample_id(session: Session, instance: Instance) -> int:
 
 def instance_samples_after(
     session: Session, instance: Instance, after_id: int, limit: int = 1000
-) -> list[dict[str, Any]]:
+) -> list[GpuSamplePublic]:
     """The instance's samples stored after the one with id after_id, in storing order."""
     rows = session.scalars(
         select(GpuSample)
@@ -301,19 +302,10 @@ def instance_samples_after(
     return [sample_public(s) for s in rows]
 
 
-def gpu_heatmap(session: Session, minutes: int = 60, bucket_s: int = 60) -> dict[str, Any]:
+def gpu_heatmap(session: Session, minutes: int = 60, bucket_s: int = 60) -> GpuHeatmap:
     """Mean utilisation per node × GPU × time bucket over the last `minutes`: what the admin
-    page draws as a heat map. Shape:
-
-        {"start": unix s, "end": unix s, "bucket_s": 60,
-         "buckets": [unix s of each bucket's start ...],
-         "nodes": [{"id": 1, "name": "gpu-host-1",
-                    "gpus": [{"uuid", "index", "model", "nvml_name", "memory_mb",
-                              "simulated", "instance_id",
-                              "util": [mean % or null per bucket ...]}]}]}
-
-    null: no sample in that bucket (a simulated GPU is null throughout).
-    """
+    page draws as a heat map. `buckets` are the buckets' starts (Unix s); a GPU's `util` has
+    the mean % per bucket, None where no sample fell (a simulated GPU is None throughout)."""
     check_window(minutes)
     if not 5 <= bucket_s <= 86_400:
         raise InvalidInput("bucket_s must be from 5 to 86400 seconds")
@@ -358,12 +350,12 @@ def gpu_heatmap(session: Session, minutes: int = 60, bucket_s: int = 60) -> dict
                 if s is None or c is None or g.simulated
                 else [s[i] / c[i] if c[i] else None for i in range(count)]
             )
-            gpus.append({**_gpu_public(g), "instance_id": g.instance_id, "util": util})
-        nodes.append({"id": node.id, "name": node.name, "gpus": gpus})
-    return {
-        "start": t0,
-        "end": end.timestamp(),
-        "bucket_s": bucket_s,
-        "buckets": [t0 + i * bucket_s for i in range(count)],
-        "nodes": nodes,
-    }
+            gpus.append(HeatmapGpu(**_gpu_public(g), instance_id=g.instance_id, util=util))
+        nodes.append(HeatmapNode(id=node.id, name=node.name, gpus=gpus))
+    return GpuHeatmap(
+        start=t0,
+        end=end.timestamp(),
+        bucket_s=bucket_s,
+        buckets=[t0 + i * bucket_s for i in range(count)],
+        nodes=nodes,
+    )

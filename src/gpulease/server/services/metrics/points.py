@@ -14,6 +14,12 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import InvalidInput
+from gpulease.schemas.metrics import (
+    MetricPointPublic,
+    MetricSeries,
+    RunMetrics,
+)
+from gpulease.schemas.runs import RunPublic
 from gpulease.server.orm import Base, MetricPoint, Run
 from gpulease.server.services.metrics.downsample import min_max_indices
 
@@ -145,7 +151,7 @@ def parse_keys(text: str | None) -> list[str] | None:
     return keys
 
 
-def _key_series(key: str, rows: list[Any], max_points: int) -> dict[str, Any]:
+def _key_series(key: str, rows: list[Any], max_points: int) -> MetricSeries:
     """One key's rows (step, value, time, source; ordered by step) as a chart series. When
     two sources report the same step, the SDK's point wins over TensorBoard's over stdout's."""
     steps: list[int] = []
@@ -163,36 +169,28 @@ def _key_series(key: str, rows: list[Any], max_points: int) -> dict[str, Any]:
         times.append(time)
         ranks.append(rank)
     kept = min_max_indices(values, max_points)
-    return {
-        "key": key,
-        "raw_count": len(rows),
-        "count": len(steps),
-        "downsampled": len(kept) < len(steps),
-        "steps": [steps[i] for i in kept],
-        "values": [values[i] for i in kept],
-        "times": [times[i].timestamp() for i in kept],
-        "last_step": steps[-1] if steps else None,
-        "last_value": values[-1] if values else None,
-        "min": min(values) if values else None,
-        "max": max(values) if values else None,
-    }
+    return MetricSeries(
+        key=key,
+        raw_count=len(rows),
+        count=len(steps),
+        downsampled=len(kept) < len(steps),
+        steps=[steps[i] for i in kept],
+        values=[values[i] for i in kept],
+        times=[times[i].timestamp() for i in kept],
+        last_step=steps[-1] if steps else None,
+        last_value=values[-1] if values else None,
+        min=min(values) if values else None,
+        max=max(values) if values else None,
+    )
 
 
 def series(
     session: Session, run: Run, keys: list[str] | None = None, max_points: int = 2000
-) -> dict[str, Any]:
+) -> RunMetrics:
     """The run's curves for a chart, each downsampled to at most max_points (the raw points
-    stay stored; see points_csv). Shape:
-
-        {"run_id": 4, "keys": ["acc", "loss"],      # every key the run has
-         "max_points": 2000, "last_point_id": 812,  # resume the stream after this point
-         "series": [{"key": "loss", "raw_count": 100000, "count": 100000,
-                     "downsampled": true, "steps": [...], "values": [...],
-                     "times": [unix seconds ...], "last_step": 99999, "last_value": 0.01,
-                     "min": 0.009, "max": 2.3}, ...]}
-
-    Series come in the order of `keys` (None: every key, alphabetically, at most 50); a key
-    without points has empty lists.
+    stay stored; see points_csv), with every key the run has and the last point's id (a
+    stream resumes after it). Series come in the order of `keys` (None: every key,
+    alphabetically, at most 50); a key without points has empty lists.
     """
     check_max_points(max_points)
     all_keys = metric_keys(session, run)
@@ -206,29 +204,24 @@ def series(
             .order_by(MetricPoint.step)
         ).all()
         result.append(_key_series(key, list(rows), max_points))
-    return {
-        "run_id": run.id,
-        "keys": all_keys,
-        "max_points": max_points,
-        "last_point_id": last_id,
-        "series": result,
-    }
+    return RunMetrics(
+        run=RunPublic.model_validate(run),
+        keys=all_keys,
+        max_points=max_points,
+        last_point_id=last_id,
+        series=result,
+    )
 
 
-def point_public(p: MetricPoint) -> dict[str, Any]:
-    return {
-        "id": p.id,
-        "key": p.key,
-        "step": p.step,
-        "value": p.value,
-        "time": p.time.timestamp(),
-        "source": p.source,
-    }
+def point_public(p: MetricPoint) -> MetricPointPublic:
+    return MetricPointPublic(
+        id=p.id, key=p.key, step=p.step, value=p.value, time=p.time.timestamp(), source=p.source
+    )
 
 
 def points_after(
     session: Session, run: Run, after_id: int, limit: int = 5000, keys: list[str] | None = None
-) -> list[dict[str, Any]]:
+) -> list[MetricPointPublic]:
     """Points stored after the point with id after_id, in the order they were stored."""
     query = select(MetricPoint).where(MetricPoint.run_id == run.id, MetricPoint.id > after_id)
     if keys is not None:
