@@ -15,8 +15,8 @@ import pytest
 
 from gpulease.backends.base import RunnerSpec
 from gpulease.backends.local import LocalBackend
+from gpulease.backends.procfs import read_stat
 from gpulease.core.templates import get_template
-from gpulease.runner.procfs import read_stat
 
 Start = Callable[..., tuple[subprocess.Popen[bytes], str]]
 

@@ -18,7 +18,6 @@ from gpulease.runner.metrics import (
     FLUSH_POINTS,
     MAX_POINTS_PER_REQUEST,
     SDK_FILE,
-    MetricPoint,
     RunMetrics,
     StdoutParser,
     install_sdk,
@@ -27,11 +26,16 @@ from gpulease.runner.metrics import (
     send_metrics,
 )
 from gpulease.runner.sandbox import METRICS_ROOT, SDK_ROOT, Sandbox
+from gpulease.schemas.runner import RunnerMetricPoint
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 # -- the SDK -------------------------------------------------------------------------------------
+
+
+def point(key: str, step: int, value: float, time: float, source: str) -> RunnerMetricPoint:
+    return RunnerMetricPoint(key=key, step=step, value=value, time=time, source=source)
 
 
 def _python(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -174,17 +178,15 @@ def test_lines_that_are_not_metrics(line: str) -> None:
 def test_stdout_parser_joins_lines_split_across_reads() -> None:
     parser = StdoutParser(clock=lambda: 5.0)
     assert parser.feed("epoch=1 lo") == []
-    assert parser.feed("ss=0.5\nprogress 10%\rstep=") == [
-        MetricPoint("loss", 1, 0.5, 5.0, "stdout")
-    ]
-    assert parser.feed("2 loss=0.25\r\nloss=") == [MetricPoint("loss", 2, 0.25, 5.0, "stdout")]
+    assert parser.feed("ss=0.5\nprogress 10%\rstep=") == [point("loss", 1, 0.5, 5.0, "stdout")]
+    assert parser.feed("2 loss=0.25\r\nloss=") == [point("loss", 2, 0.25, 5.0, "stdout")]
     # without a step each key counts on from its last step; the unended last line counts
     assert parser.feed("0.1 acc=1\n") == [
-        MetricPoint("loss", 3, 0.1, 5.0, "stdout"),
-        MetricPoint("acc", 0, 1.0, 5.0, "stdout"),
+        point("loss", 3, 0.1, 5.0, "stdout"),
+        point("acc", 0, 1.0, 5.0, "stdout"),
     ]
     assert parser.feed("loss=0.05") == []
-    assert parser.finish() == [MetricPoint("loss", 4, 0.05, 5.0, "stdout")]
+    assert parser.finish() == [point("loss", 4, 0.05, 5.0, "stdout")]
 
 
 def test_a_runaway_line_is_not_kept_in_memory() -> None:
@@ -192,7 +194,7 @@ def test_a_runaway_line_is_not_kept_in_memory() -> None:
     for _ in range(100):
         assert parser.feed("x=1 " * 1000) == []
     assert len(parser._partial) <= 5000
-    assert parser.feed("\nloss=1\n") == [MetricPoint("loss", 0, 1.0, 2.0, "stdout")]
+    assert parser.feed("\nloss=1\n") == [point("loss", 0, 1.0, 2.0, "stdout")]
 
 
 # -- collecting and sending --------------------------------------------------------------------

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 from gpulease.backends.base import RunnerSpec
+from gpulease.backends.procfs import read_stat
 from gpulease.core.templates import get_template
 from gpulease.runner.jobs import RunProcess, run_env, stop_runs
 from gpulease.runner.logs import LogBatcher
-from gpulease.runner.procfs import read_stat
 
 
 def make_spec(tmp_path: Path, gpus: tuple[int, ...] = ()) -> RunnerSpec:

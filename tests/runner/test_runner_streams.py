@@ -18,8 +18,14 @@ from websockets.sync.server import Server, ServerConnection, serve
 
 from gpulease.runner.sandbox import Sandbox, base_environment, probe
 from gpulease.runner.streams import ShellSetup, Streams, shell_environment
+from gpulease.schemas.runner import RunnerStreamEntry
 
 TOKEN = "runner-token"
+
+
+def entries(*items: dict[str, object]) -> list[RunnerStreamEntry]:
+    """A commands answer's `streams` list, as the runner reads it."""
+    return [RunnerStreamEntry.model_validate(item) for item in items]
 
 
 class StandIn:
@@ -84,8 +90,8 @@ def test_a_terminal_runs_a_shell_on_a_pty_and_reports_its_exit(
     setup = shell_setup(tmp_path, sandboxed)
     streams = Streams(f"http://127.0.0.1:{stand_in.port}", TOKEN, shell=lambda: setup)
     item = {"id": "s1", "kind": "terminal", "cols": 77, "rows": 20}
-    streams.handle([item, {"id": "x", "kind": "teleport"}, "junk"])
-    streams.handle([item])  # the same id again: not opened twice
+    streams.handle(entries(item, {"id": "x", "kind": "teleport"}))
+    streams.handle(entries(item))  # the same id again: not opened twice
     path, auth, ws = stand_in.next()
     assert path == "/runner/v1/streams/s1" and auth == f"Bearer {TOKEN}"
     ws.send(b"stty size; echo $MARK-${GPULEASE_RUN_ID:-none}; tty -s && echo tty-$((6*7))\r")
@@ -111,7 +117,7 @@ def test_a_terminal_runs_a_shell_on_a_pty_and_reports_its_exit(
 def test_closing_the_streams_ends_open_terminals(stand_in: StandIn, tmp_path: Path) -> None:
     setup = shell_setup(tmp_path, sandboxed=False)
     streams = Streams(f"http://127.0.0.1:{stand_in.port}", TOKEN, shell=lambda: setup)
-    streams.handle([{"id": "s2", "kind": "terminal"}])
+    streams.handle(entries({"id": "s2", "kind": "terminal"}))
     _, _, ws = stand_in.next()
     ws.send(b"echo ready-$((6*7))\r")
     read_until(ws, b"ready-42\r\n")
@@ -119,7 +125,7 @@ def test_closing_the_streams_ends_open_terminals(stand_in: StandIn, tmp_path: Pa
     with pytest.raises(ConnectionClosed):
         while True:
             ws.recv(timeout=20)
-    streams.handle([{"id": "s3", "kind": "terminal"}])  # closed: nothing new opens
+    streams.handle(entries({"id": "s3", "kind": "terminal"}))  # closed: nothing new opens
     with pytest.raises(queue.Empty):
         stand_in.connections.get(timeout=0.2)
 
@@ -148,7 +154,7 @@ def test_jupyter_streams_pipe_bytes_to_the_socket_or_say_why_not(
     streams = Streams(
         f"http://127.0.0.1:{stand_in.port}", TOKEN, shell=lambda: setup, jupyter=jupyter
     )
-    streams.handle([{"id": "j1", "kind": "jupyter"}])
+    streams.handle(entries({"id": "j1", "kind": "jupyter"}))
     _, _, ws = stand_in.next()
     ws.send(b"GET /api/status HTTP/1.1\r\n\r\n")
     conn, _ = listener.accept()
@@ -160,7 +166,7 @@ def test_jupyter_streams_pipe_bytes_to_the_socket_or_say_why_not(
         ws.recv(timeout=20)
     listener.close()
 
-    streams.handle([{"id": "j2", "kind": "jupyter"}])
+    streams.handle(entries({"id": "j2", "kind": "jupyter"}))
     _, _, ws = stand_in.next()
     assert json.loads(ws.recv(timeout=20)) == {
         "type": "error",

@@ -22,6 +22,7 @@ class FakeBackend:
     name = "fake"
 
     def __init__(self) -> None:
+        self.same_host = False  # tests set it to see what a local backend's runners get
         self.runners: dict[str, FakeRunner] = {}
         self.stop_kills = True
         self.start_error: Exception | None = None

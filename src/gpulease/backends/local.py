@@ -12,7 +12,7 @@ import sys
 import threading
 
 from gpulease.backends.base import RunnerSpec
-from gpulease.runner.procfs import ProcStat, all_stats, read_stat
+from gpulease.backends.procfs import ProcStat, all_stats, read_stat
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class LocalBackend:
     """
 
     name = "local"
+    same_host = True
 
     def __init__(self, python: str | None = None) -> None:
         self._python = python or sys.executable

@@ -12,14 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from gpulease import doctor
-from gpulease.backends.base import RunnerSpec
 from gpulease.envs.build import EnvBuildError, ensure_env, env_python
-from gpulease.envs.layer import ensure_layer
+from gpulease.envs.layer import ensure_layer, layer_executor
 from gpulease.envs.snapshot import TaskRunner
 from gpulease.runner.connection import Aborted, Connection, ServerGone, Unreachable
 from gpulease.runner.datasets import DatasetError, links_dir, materialise
@@ -27,24 +27,40 @@ from gpulease.runner.jobs import LEFTOVER_GRACE_S, STOP_GRACE_S, RunProcess, run
 from gpulease.runner.jupyter import JupyterLab
 from gpulease.runner.logs import LogBatcher
 from gpulease.runner.metrics import SDK_DIR, RunMetrics, prepare_run, sample_gpus, send_metrics
+from gpulease.runner.netns import InstanceNetwork
 from gpulease.runner.sandbox import (
     Sandbox,
     SandboxError,
     base_environment,
     find_bwrap,
+    instance_uid,
     probe,
     resolve_gpus,
 )
 from gpulease.runner.streams import ShellSetup, Streams, shell_environment
 from gpulease.runner.workdir import UnsafeArchive, extract_workdir
+from gpulease.schemas.runner import (
+    RUNNER_API,
+    RunnerAction,
+    RunnerCommands,
+    RunnerExit,
+    RunnerFailed,
+    RunnerHeartbeat,
+    RunnerLogs,
+    RunnerReady,
+    RunnerRun,
+    RunnerSpec,
+    RunnerStarted,
+    RunnerStatus,
+)
 
 log = logging.getLogger(__name__)
 
-API = "/runner/v1"
 FLUSH_INTERVAL_S = 0.2
 POLL_WAIT_S = 20
 WORKDIR_MARKER = "workdir-extracted"
 _MAX_REASON = 8000
+_MAX_STATUS = 2000
 # Once told to stop, how long the runner keeps trying to report to a server that is away.
 SHUTDOWN_REPORT_S = 60.0
 
@@ -125,8 +141,8 @@ class Agent:
             self._env_dir = self._prepare()
             response = self.connection.call(
                 "POST",
-                f"{API}/ready",
-                json={"pid": os.getpid(), "python": str(env_python(self._env_dir))},
+                f"{RUNNER_API}/ready",
+                json=_body(RunnerReady(pid=os.getpid(), python=str(env_python(self._env_dir)))),
                 abort=self._stopping,
             )
         except (ServerGone, StopRequested, Aborted) as exc:
@@ -182,7 +198,9 @@ class Agent:
         env_dir = ensure_env(template, self.spec.env_cache, self._status)
         self._status("preparing the workspace")
         self._fetch_workdir()
-        self._layer_dir = ensure_layer(env_dir, self.spec.workspace)
+        # built in the sandbox as the job: the layer is the job's (envs/layer.py)
+        execute, inside = layer_executor(self.spec, env_dir)
+        self._layer_dir = ensure_layer(env_dir, self.spec.workspace, execute=execute, inside=inside)
         doctor.install(self.spec.run_dir / SDK_DIR)  # `python -m gpulease.doctor` in runs
         self.dataset_dirs = materialise(self.spec, self.connection, self._status)
         self._check_stop()
@@ -197,7 +215,11 @@ class Agent:
         self._check_stop()
         try:
             self.connection.call(
-                "POST", f"{API}/status", json={"message": message}, retry=False, timeout=5
+                "POST",
+                f"{RUNNER_API}/status",
+                json=_body(RunnerStatus(message=message[:_MAX_STATUS])),
+                retry=False,
+                timeout=5,
             )
         except Unreachable as exc:
             log.warning("progress %r not delivered: %s", message, exc)
@@ -216,7 +238,11 @@ class Agent:
         archive = run_dir / "workdir.tar"
         try:
             response = self.connection.call(
-                "GET", f"{API}/workdir", download_to=archive, timeout=300, abort=self._stopping
+                "GET",
+                f"{RUNNER_API}/workdir",
+                download_to=archive,
+                timeout=300,
+                abort=self._stopping,
             )
             if response.status_code == 200:
                 count = extract_workdir(archive, workspace)
@@ -240,8 +266,8 @@ class Agent:
             try:
                 response = self.connection.call(
                     "POST",
-                    f"{API}/heartbeat",
-                    json={"running_runs": running},
+                    f"{RUNNER_API}/heartbeat",
+                    json=_body(RunnerHeartbeat(running_runs=running)),
                     retry=False,
                     timeout=10,
                 )
@@ -253,7 +279,9 @@ class Agent:
                 unreachable = True
             else:
                 unreachable = False
-                if response.status_code == 200 and _json(response).get("action") == "stop":
+                if response.status_code == 200 and _answer(response, RunnerAction) == RunnerAction(
+                    action="stop"
+                ):
                     self.request_stop("the server asked to stop")
             self._finished.wait(self.spec.heartbeat_interval_s)
 
@@ -267,35 +295,34 @@ class Agent:
             try:
                 response = self.connection.call(
                     "GET",
-                    f"{API}/commands",
+                    f"{RUNNER_API}/commands",
                     params={"wait": self._poll_wait},
                     timeout=self._poll_wait + 15,
                     abort=self._stopping,
                 )
             except (ServerGone, Aborted):
                 return
-            if response.status_code == 200:
-                runs = _json(response).get("runs")
-                for item in runs if isinstance(runs, list) else []:
-                    self._start_run(item)
+            commands = _answer(response, RunnerCommands) if response.status_code == 200 else None
+            if commands is not None:
+                for run in commands.runs:
+                    self._start_run(run)
                 if self._streams is not None:
-                    self._streams.handle(_json(response).get("streams"))
+                    self._streams.handle(commands.streams)
                 if self._tasks is None:  # snapshot_env (envs/snapshot.py)
-                    self._tasks = TaskRunner(self.connection, self._layer_dir, API)
-                self._tasks.handle(_json(response).get("tasks"))
+                    self._tasks = TaskRunner(
+                        self.connection,
+                        self._layer_dir,
+                        RUNNER_API,
+                        where=lambda: layer_executor(self.spec, self._env_dir),
+                    )
+                self._tasks.handle([task.model_dump() for task in commands.tasks])
             elif not self._stopping.is_set():
                 self._stopping.wait(1.0)
             if time.monotonic() - asked < FLUSH_INTERVAL_S:  # a server that answers at once
                 self._stopping.wait(FLUSH_INTERVAL_S)
 
-    def _start_run(self, item: Any) -> None:
-        try:
-            run_id = int(item["id"])
-            command = str(item["command"])
-            extra = {str(k): str(v) for k, v in (item.get("env") or {}).items()}
-        except (KeyError, TypeError, ValueError, AttributeError):
-            log.error("ignoring a malformed run from the server: %r", item)
-            return
+    def _start_run(self, run: RunnerRun) -> None:
+        run_id, command, extra = run.id, run.command, run.env
         with self._lock:
             if not self._accepting or run_id in self._runs:
                 return
@@ -323,12 +350,12 @@ class Agent:
                 on_output=metrics.on_output,
             )
             process.start()
-            run = _Run(process, metrics=metrics)
-            run.reporter = threading.Thread(
-                target=self._report, args=(run,), name=f"run-{run_id}-report", daemon=True
+            started = _Run(process, metrics=metrics)
+            started.reporter = threading.Thread(
+                target=self._report, args=(started,), name=f"run-{run_id}-report", daemon=True
             )
-            self._runs[run_id] = run
-            run.reporter.start()
+            self._runs[run_id] = started
+            started.reporter.start()
 
     def _datasets_dir(self, sandboxed: bool) -> str | None:
         """GPULEASE_DATASETS_DIR: /data in the sandbox, the directory of links outside it."""
@@ -350,6 +377,8 @@ class Agent:
                 gpus=tuple(resolve_gpus(self.spec.gpu_indices)),
                 private=(self.spec.run_dir,),
                 bwrap=find_bwrap() or "bwrap",
+                uid=self.spec.sandbox_uid or instance_uid(self.spec.instance_id),
+                network=InstanceNetwork(f"i{self.spec.instance_id}"),
             )
         return self._sandbox
 
@@ -403,9 +432,11 @@ class Agent:
         """started, then log chunks as they come, then exit once every chunk is acknowledged."""
         process = run.process
         batcher = process.batcher
-        path = f"{API}/runs/{process.run_id}"
+        path = f"{RUNNER_API}/runs/{process.run_id}"
         try:
-            self.connection.call("POST", f"{path}/started", json={"pid": process.pid})
+            self.connection.call(
+                "POST", f"{path}/started", json=_body(RunnerStarted(pid=process.pid))
+            )
             metrics = threading.Thread(
                 target=send_metrics,
                 args=(self.connection, process.run_id, run.metrics),
@@ -418,7 +449,7 @@ class Agent:
                 finished = process.finished
                 batcher.seal()
                 while chunks := batcher.unacked():
-                    body = {"chunks": [chunk.to_json() for chunk in chunks]}
+                    body = _body(RunnerLogs(chunks=chunks))
                     self.connection.call("POST", f"{path}/logs", json=body)
                     batcher.ack(chunks)
                 if finished:
@@ -427,7 +458,11 @@ class Agent:
             if run.metrics is not None:  # every point is sent before the exit
                 run.metrics.close()
                 metrics.join()
-            self.connection.call("POST", f"{path}/exit", json={"exit_code": process.exit_code})
+            exit_code = process.exit_code
+            assert exit_code is not None  # the process has finished
+            self.connection.call(
+                "POST", f"{path}/exit", json=_body(RunnerExit(exit_code=exit_code))
+            )
             log.info("run %d: exit %s reported", process.run_id, process.exit_code)
         except ServerGone:
             log.info("run %d: the server is gone; its report is dropped", process.run_id)
@@ -445,6 +480,8 @@ class Agent:
             runs = list(self._runs.values())
         self._close_streams()
         stop_runs([run.process for run in runs], self._stop_grace)
+        if self._sandbox is not None:
+            self._sandbox.close()  # the instance's network goes with its last process
         deadline = time.monotonic() + SHUTDOWN_REPORT_S
         for run in runs:
             if run.reporter is not None:
@@ -458,6 +495,8 @@ class Agent:
             runs = list(self._runs.values())
         self._close_streams()
         stop_runs([run.process for run in runs], self._stop_grace)
+        if self._sandbox is not None:
+            self._sandbox.close()  # the instance's network goes with its last process
 
     def _stopped(self) -> int:
         if self.connection.gone.is_set():
@@ -465,7 +504,9 @@ class Agent:
         # Bounded: a server that stays away finds the runner gone and stops the instance
         # itself, so the runner never outlives its stop by more than this.
         with contextlib.suppress(ServerGone, Unreachable):
-            self.connection.call("POST", f"{API}/stopped", json={}, give_up_after=SHUTDOWN_REPORT_S)
+            self.connection.call(
+                "POST", f"{RUNNER_API}/stopped", json={}, give_up_after=SHUTDOWN_REPORT_S
+            )
         log.info("stopped")
         return 0
 
@@ -473,17 +514,29 @@ class Agent:
         log.error("cannot serve instance %d: %s", self.spec.instance_id, reason)
         with contextlib.suppress(ServerGone, Aborted):
             self.connection.call(
-                "POST", f"{API}/failed", json={"reason": reason[:_MAX_REASON]}, abort=self._stopping
+                "POST",
+                f"{RUNNER_API}/failed",
+                json=_body(RunnerFailed(reason=reason[:_MAX_REASON])),
+                abort=self._stopping,
             )
         return 1
 
 
-def _json(response: httpx.Response) -> dict[str, Any]:
+def _body(model: BaseModel) -> Any:
+    """A protocol body as JSON (schemas/runner.py)."""
+    return model.model_dump(mode="json")
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _answer(response: httpx.Response, model: type[_M]) -> _M | None:
+    """The server's answer read as model, or None (logged) when it is not one."""
     try:
-        data = response.json()
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+        return model.model_validate_json(response.content)
+    except ValidationError as exc:
+        log.error("ignoring a malformed answer to %s: %s", response.request.url.path, exc)
+        return None
 
 
 def serve(spec: RunnerSpec) -> int:

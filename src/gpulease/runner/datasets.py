@@ -27,16 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from gpulease.backends.base import RunnerSpec
+from pydantic import ValidationError
+
 from gpulease.core.datasets import check_dataset_name, path_problem, tree_conflict
 from gpulease.core.errors import InvalidInput
 from gpulease.runner.connection import Connection
+from gpulease.schemas.runner import RUNNER_API, RunnerDatasetMount, RunnerDatasets, RunnerSpec
 from gpulease.storage.chunking import CHUNK_SIZE, PackError, unpack
 from gpulease.storage.crypto import IntegrityError, open_sealed
 
 log = logging.getLogger(__name__)
 
-API = "/runner/v1/datasets"
+API = f"{RUNNER_API}/datasets"
 FETCH_CHUNKS = 2048
 FETCH_BYTES = 32 * 1024 * 1024
 LINKS_DIR = "data"
@@ -52,18 +54,9 @@ class DatasetError(Exception):
         self.message = message
 
 
-@dataclass(frozen=True)
-class MountedVersion:
-    name: str
-    dataset_id: int
-    owner_id: int
-    version: int
-    file_count: int
-    size_bytes: int
-
-    @property
-    def directory_name(self) -> str:
-        return f"{self.owner_id}-{self.dataset_id}-v{self.version}"
+def directory_name(mount: RunnerDatasetMount) -> str:
+    """The version's directory in the node's dataset cache."""
+    return f"{mount.owner_id}-{mount.dataset_id}-v{mount.version}"
 
 
 def cache_dir(spec: RunnerSpec) -> Path:
@@ -89,24 +82,14 @@ def _json(response: Any, what: str) -> Any:
         raise DatasetError(f"{what}: the server's answer is not JSON") from exc
 
 
-def mounted_versions(connection: Connection) -> list[MountedVersion]:
+def mounted_versions(connection: Connection) -> list[RunnerDatasetMount]:
     response = connection.call("GET", API, timeout=60)
     if response.status_code == 404:
         return []  # a server from before datasets
     data = _json(response, "listing the instance's datasets")
     try:
-        return [
-            MountedVersion(
-                name=str(item["name"]),
-                dataset_id=int(item["dataset_id"]),
-                owner_id=int(item["owner_id"]),
-                version=int(item["version"]),
-                file_count=int(item["file_count"]),
-                size_bytes=int(item["size_bytes"]),
-            )
-            for item in data["datasets"]
-        ]
-    except (KeyError, TypeError, ValueError) as exc:
+        return RunnerDatasets.model_validate(data).datasets
+    except ValidationError as exc:
         raise DatasetError(f"the server's list of datasets is malformed: {exc}") from exc
 
 
@@ -164,16 +147,16 @@ def _locked(path: Path, progress: Callable[[str], None], what: str) -> Iterator[
 
 
 def _ensure_version(
-    root: Path, mount: MountedVersion, connection: Connection, progress: Callable[[str], None]
+    root: Path, mount: RunnerDatasetMount, connection: Connection, progress: Callable[[str], None]
 ) -> Path:
-    final = root / mount.directory_name
+    final = root / directory_name(mount)
     what = f"dataset {mount.name} v{mount.version}"
     if final.is_dir():
         return final
-    with _locked(root / ".locks" / f"{mount.directory_name}.lock", progress, what):
+    with _locked(root / ".locks" / f"{directory_name(mount)}.lock", progress, what):
         if final.is_dir():
             return final  # another runner finished it while we waited
-        building = root / f".building-{mount.directory_name}-{secrets.token_hex(4)}"
+        building = root / f".building-{directory_name(mount)}-{secrets.token_hex(4)}"
         building.mkdir(mode=0o700)
         try:
             _build(building, mount, connection, progress, what)
@@ -208,7 +191,7 @@ class _File:
 
 
 def _manifest(
-    connection: Connection, mount: MountedVersion, what: str
+    connection: Connection, mount: RunnerDatasetMount, what: str
 ) -> tuple[list[_File], dict[str, bytes]]:
     path = f"{API}/{mount.dataset_id}/versions/{mount.version}/manifest"
     data = _json(connection.call("GET", path, timeout=300), f"fetching the file list of {what}")
@@ -288,7 +271,7 @@ class _TreeWriter:
 
 def _build(
     target: Path,
-    mount: MountedVersion,
+    mount: RunnerDatasetMount,
     connection: Connection,
     progress: Callable[[str], None],
     what: str,

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import IO
 
 from gpulease.backends.base import RunnerSpec
+from gpulease.backends.procfs import group_running, signal_group
 from gpulease.runner.logs import LogBatcher
-from gpulease.runner.procfs import group_running, signal_group
 from gpulease.runner.sandbox import Sandbox, SandboxError, exit_code_from_sandbox
 
 log = logging.getLogger(__name__)

@@ -7,19 +7,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gpulease.schemas.runner import RunnerLogChunk
+
 MAX_CHUNK_BYTES = 64 * 1024
 MAX_REQUEST_BYTES = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class LogChunk:
-    seq: int
-    stream: str  # "stdout" or "stderr"
-    data: str
-    time: float  # when its first byte was read, seconds since the epoch
-
-    def to_json(self) -> dict[str, object]:
-        return {"seq": self.seq, "stream": self.stream, "data": self.data, "time": self.time}
+MAX_REQUEST_CHUNKS = 5000  # the server takes at most 10,000 chunks in one post
 
 
 @dataclass
@@ -62,7 +54,7 @@ class LogBatcher:
         self._cond = threading.Condition()
         self._pending: list[_Pending] = []
         self._pending_bytes = 0
-        self._unacked: list[LogChunk] = []
+        self._unacked: list[RunnerLogChunk] = []
         self._next_seq = 0
         self._closed = False
 
@@ -103,27 +95,32 @@ class LogBatcher:
         """Turn everything pending into numbered chunks."""
         with self._cond:
             for pending in self._pending:
-                chunk = LogChunk(
-                    self._next_seq, pending.stream, "".join(pending.parts), pending.time
+                chunk = RunnerLogChunk(
+                    seq=self._next_seq,
+                    stream=pending.stream,
+                    data="".join(pending.parts),
+                    time=pending.time,
                 )
                 self._unacked.append(chunk)
                 self._next_seq += 1
             self._pending = []
             self._pending_bytes = 0
 
-    def unacked(self, max_bytes: int = MAX_REQUEST_BYTES) -> list[LogChunk]:
+    def unacked(self, max_bytes: int = MAX_REQUEST_BYTES) -> list[RunnerLogChunk]:
         """The oldest unacknowledged chunks, about max_bytes of them (at least one)."""
         with self._cond:
-            batch: list[LogChunk] = []
+            batch: list[RunnerLogChunk] = []
             size = 0
             for chunk in self._unacked:
-                if batch and size + len(chunk.data) > max_bytes:
+                if batch and (
+                    size + len(chunk.data) > max_bytes or len(batch) >= MAX_REQUEST_CHUNKS
+                ):
                     break
                 batch.append(chunk)
                 size += len(chunk.data)
             return batch
 
-    def ack(self, chunks: Sequence[LogChunk]) -> None:
+    def ack(self, chunks: Sequence[RunnerLogChunk]) -> None:
         if not chunks:
             return
         last = max(chunk.seq for chunk in chunks)

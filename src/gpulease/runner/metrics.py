@@ -18,18 +18,24 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from gpulease.gpus.sampling import GpuReading, GpuSampler, real_uuids
 from gpulease.runner.connection import Connection, ServerGone, Unreachable
 from gpulease.runner.sandbox import METRICS_ROOT, SDK_ROOT, Sandbox
 from gpulease.runner.tensorboard import EventDirectoryWatcher
+from gpulease.schemas.metrics import METRIC_KEY, METRIC_KEY_PATTERN
+from gpulease.schemas.runner import (
+    RUNNER_API,
+    RunnerGpuSample,
+    RunnerGpuSamples,
+    RunnerMetricPoint,
+    RunnerMetrics,
+)
 
 log = logging.getLogger(__name__)
 
-API = "/runner/v1"
-KEY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$")
 FLUSH_INTERVAL_S = 0.5
 FLUSH_POINTS = 1000
 MAX_POINTS_PER_REQUEST = 5000
@@ -45,7 +51,7 @@ SOURCES = ("sdk", "stdout", "tensorboard")
 
 _NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 _INTEGER = re.compile(r"^\+?\d{1,18}$")
-_TOKEN = re.compile(r"^([A-Za-z_][A-Za-z0-9_./-]{0,63})=(\S+)$")
+_TOKEN = re.compile(rf"^({METRIC_KEY})=(\S+)$")
 _SEPARATORS = re.compile(r"[\s,]+")
 
 # The package the runner puts on every run's PYTHONPATH. extend_path lets a gpulease that
@@ -56,24 +62,6 @@ from pkgutil import extend_path
 
 __path__ = extend_path(__path__, __name__)
 '''
-
-
-@dataclass(frozen=True)
-class MetricPoint:
-    key: str
-    step: int
-    value: float
-    time: float
-    source: str  # "sdk" | "stdout" | "tensorboard"
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "key": self.key,
-            "step": self.step,
-            "value": self.value,
-            "time": self.time,
-            "source": self.source,
-        }
 
 
 class StepCounter:
@@ -89,7 +77,7 @@ class StepCounter:
 
 
 def valid_point(key: str, value: float) -> bool:
-    return bool(KEY_PATTERN.match(key)) and math.isfinite(value)
+    return bool(METRIC_KEY_PATTERN.match(key)) and math.isfinite(value)
 
 
 # -- stdout ------------------------------------------------------------------------------------
@@ -141,7 +129,7 @@ class StdoutParser:
         self._partial = ""
         self._counter = StepCounter()
 
-    def feed(self, text: str) -> list[MetricPoint]:
+    def feed(self, text: str) -> list[RunnerMetricPoint]:
         data = self._partial + text
         lines = re.split(r"\r\n|\n|\r", data)
         self._partial = lines.pop()
@@ -149,13 +137,13 @@ class StdoutParser:
             self._partial = " " * (MAX_LINE_CHARS + 1)  # keeps the line too long, cheaply
         return self._points(lines)
 
-    def finish(self) -> list[MetricPoint]:
+    def finish(self) -> list[RunnerMetricPoint]:
         """The last line, when the output did not end with a newline."""
         partial, self._partial = self._partial, ""
         return self._points([partial])
 
-    def _points(self, lines: Sequence[str]) -> list[MetricPoint]:
-        points: list[MetricPoint] = []
+    def _points(self, lines: Sequence[str]) -> list[RunnerMetricPoint]:
+        points: list[RunnerMetricPoint] = []
         now = self._clock()
         for line in lines:
             parsed = parse_line(line)
@@ -163,7 +151,15 @@ class StdoutParser:
                 continue
             step, values = parsed
             for key, value in values.items():
-                points.append(MetricPoint(key, self._counter.step(key, step), value, now, "stdout"))
+                points.append(
+                    RunnerMetricPoint(
+                        key=key,
+                        step=self._counter.step(key, step),
+                        value=value,
+                        time=now,
+                        source="stdout",
+                    )
+                )
         return points
 
 
@@ -180,7 +176,7 @@ class SdkFileReader:
         self._counter = StepCounter()
         self._bad_lines = 0
 
-    def read_new(self) -> list[MetricPoint]:
+    def read_new(self) -> list[RunnerMetricPoint]:
         try:
             data = _read_regular(self.path, self._offset)
         except FileNotFoundError:
@@ -194,13 +190,13 @@ class SdkFileReader:
         if len(self._partial) > MAX_SDK_LINE_BYTES:
             self._partial = b""
             self._bad_line("a line longer than 1 MiB")
-        points: list[MetricPoint] = []
+        points: list[RunnerMetricPoint] = []
         for line in lines:
             if line.strip():
                 points += self._parse(line)
         return points
 
-    def _parse(self, line: bytes) -> list[MetricPoint]:
+    def _parse(self, line: bytes) -> list[RunnerMetricPoint]:
         try:
             item = json.loads(line)
             values = item["values"]
@@ -221,7 +217,15 @@ class SdkFileReader:
                 continue
             number = float(value)
             if isinstance(key, str) and valid_point(key, number):
-                points.append(MetricPoint(key, self._counter.step(key, step), number, when, "sdk"))
+                points.append(
+                    RunnerMetricPoint(
+                        key=key,
+                        step=self._counter.step(key, step),
+                        value=number,
+                        time=when,
+                        source="sdk",
+                    )
+                )
         return points
 
     def _bad_line(self, why: str) -> None:
@@ -264,7 +268,7 @@ class RunMetrics:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._cond = threading.Condition()
-        self._pending: list[MetricPoint] = []
+        self._pending: list[RunnerMetricPoint] = []
         self._closed = False
         self._stdout = StdoutParser(clock)
         self._sdk = None if sdk_file is None else SdkFileReader(sdk_file)
@@ -301,13 +305,19 @@ class RunMetrics:
                 self._tensorboard_polled = now
                 self._add(
                     [
-                        MetricPoint(key, s.step, s.value, s.wall_time, "tensorboard")
+                        RunnerMetricPoint(
+                            key=key,
+                            step=s.step,
+                            value=s.value,
+                            time=s.wall_time,
+                            source="tensorboard",
+                        )
                         for key, s in self._tensorboard.poll()
                         if s.step >= 0
                     ]
                 )
 
-    def _add(self, points: Sequence[MetricPoint]) -> None:
+    def _add(self, points: Sequence[RunnerMetricPoint]) -> None:
         good = [p for p in points if valid_point(p.key, p.value)]
         with self._cond:
             self.dropped += len(points) - len(good)
@@ -322,11 +332,11 @@ class RunMetrics:
                 lambda: self._closed or len(self._pending) >= FLUSH_POINTS, timeout=timeout
             )
 
-    def unsent(self, limit: int = MAX_POINTS_PER_REQUEST) -> list[MetricPoint]:
+    def unsent(self, limit: int = MAX_POINTS_PER_REQUEST) -> list[RunnerMetricPoint]:
         with self._cond:
             return self._pending[:limit]
 
-    def ack(self, points: Sequence[MetricPoint]) -> None:
+    def ack(self, points: Sequence[RunnerMetricPoint]) -> None:
         """Forget the oldest len(points) points (the ones unsent() returned)."""
         with self._cond:
             del self._pending[: len(points)]
@@ -341,14 +351,14 @@ def send_metrics(
     """Until metrics is closed and everything is sent: collect, post, wait. Retries like
     the logs (the server being away loses nothing); a 4xx answer drops that batch (it was
     logged), and a 404 ends sending for the run (the server does not take its metrics)."""
-    path = f"{API}/runs/{run_id}/metrics"
+    path = f"{RUNNER_API}/runs/{run_id}/metrics"
     while True:
         done = metrics.closed
         metrics.collect(force=done)
         while batch := metrics.unsent():
             try:
                 response = connection.call(
-                    "POST", path, json={"points": [point.to_json() for point in batch]}
+                    "POST", path, json=RunnerMetrics(points=list(batch)).model_dump(mode="json")
                 )
             except ServerGone:
                 return
@@ -451,12 +461,12 @@ def send_gpu_samples(
     """Every interval_s until finished: take readings (GpuReading) and post them. Samples
     are best effort: one try each time; unsent ones are kept (the newest max_kept) and go
     with the next post."""
-    unsent: list[dict[str, object]] = []
+    unsent: list[RunnerGpuSample] = []
     warned = False
     while not finished.is_set():
         started = time.monotonic()
         try:
-            unsent += [reading.to_json() for reading in sample()]
+            unsent += [RunnerGpuSample.model_validate(r.to_json()) for r in sample()]
         except Exception:
             log.exception("reading the GPUs failed")
         unsent = unsent[-max_kept:]
@@ -464,8 +474,8 @@ def send_gpu_samples(
             try:
                 response = connection.call(
                     "POST",
-                    f"{API}/gpu-samples",
-                    json={"samples": unsent},
+                    f"{RUNNER_API}/gpu-samples",
+                    json=RunnerGpuSamples(samples=unsent).model_dump(mode="json"),
                     retry=False,
                     timeout=10,
                 )

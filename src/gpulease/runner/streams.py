@@ -23,7 +23,7 @@ import struct
 import subprocess
 import termios
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -33,6 +33,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from gpulease.client.trust import pinned_context
 from gpulease.runner.sandbox import Sandbox, SandboxError
+from gpulease.schemas.runner import RUNNER_API, RunnerStreamEntry
 
 log = logging.getLogger(__name__)
 
@@ -145,13 +146,11 @@ class Streams:
         self._terminals: dict[str, Terminal] = {}
         self._closed = False
 
-    def handle(self, items: Any) -> None:
+    def handle(self, items: Sequence[RunnerStreamEntry]) -> None:
         """The `streams` list of a commands answer: open each id not seen before."""
-        for item in items if isinstance(items, list) else []:
-            if not isinstance(item, dict):
-                continue
-            stream_id, kind = item.get("id"), item.get("kind")
-            if not isinstance(stream_id, str) or kind not in ("terminal", "jupyter"):
+        for item in items:
+            stream_id, kind = item.id, item.kind
+            if kind not in ("terminal", "jupyter"):
                 log.info("ignoring a stream the runner does not know: %r", item)
                 continue
             with self._lock:
@@ -172,7 +171,7 @@ class Streams:
 
     def _connect(self, stream_id: str) -> ClientConnection:
         return connect(
-            f"{self._base}/runner/v1/streams/{stream_id}",
+            f"{self._base}{RUNNER_API}/streams/{stream_id}",
             additional_headers={"Authorization": f"Bearer {self._token}"},
             ssl=self._ssl,
             open_timeout=OPEN_TIMEOUT_S,
@@ -181,7 +180,7 @@ class Streams:
             user_agent_header="gpulease-runner",
         )
 
-    def _serve(self, stream_id: str, kind: str, item: dict[str, Any]) -> None:
+    def _serve(self, stream_id: str, kind: str, item: RunnerStreamEntry) -> None:
         try:
             with self._connect(stream_id) as ws:
                 if kind == "terminal":
@@ -193,12 +192,12 @@ class Streams:
         except Exception:
             log.exception("%s stream failed", kind)
 
-    def _terminal(self, stream_id: str, ws: ClientConnection, item: dict[str, Any]) -> None:
+    def _terminal(self, stream_id: str, ws: ClientConnection, item: RunnerStreamEntry) -> None:
         try:
             terminal = Terminal(
                 self._shell(),
-                _int(item.get("cols"), DEFAULT_COLS),
-                _int(item.get("rows"), DEFAULT_ROWS),
+                _int(item.cols, DEFAULT_COLS),
+                _int(item.rows, DEFAULT_ROWS),
             )
         except (OSError, SandboxError) as exc:
             reason = exc.message if isinstance(exc, SandboxError) else str(exc)

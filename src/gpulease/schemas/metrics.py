@@ -5,9 +5,17 @@ Times are Unix seconds (floats), as uPlot and time.time() use them.
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel
 
 from gpulease.schemas.runs import RunPublic
+
+# A metric key (docs/metrics.md): the runner parses and filters with it, the server refuses
+# a batch with a key outside it. gpulease.track, which must stay standard-library only inside
+# instances, carries the same pattern (tests check that they agree).
+METRIC_KEY = r"[A-Za-z_][A-Za-z0-9_./-]{0,63}"
+METRIC_KEY_PATTERN = re.compile(rf"^{METRIC_KEY}$")
 
 
 class MetricSeries(BaseModel):

@@ -1,8 +1,81 @@
-"""The runner protocol's bodies (docs/runner-protocol.md): what a runner and the server exchange."""
+"""The runner protocol's bodies (docs/runner-protocol.md): what a runner and the server exchange.
+
+Both ends use these models: the server's routes take and return them, the runner builds its
+bodies with them and reads the answers through them. RunnerSpec is what a backend hands a
+runner at start.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from dataclasses import field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic.dataclasses import dataclass
+
+from gpulease.core.templates import Template
+
+RUNNER_API = "/runner/v1"  # every runner call's path starts with it
+# A runner's session token (POST /session): made by the runner, 256 bits, url-safe base64.
+SESSION_TOKEN_PREFIX = "glr_"
+SESSION_TOKEN_PATTERN = r"^glr_[A-Za-z0-9_-]{43,}$"
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """Everything a runner needs to serve one instance. Written to a 0600 file in run_dir
+    (never argv, never a path the sandbox binds); JSON through pydantic (to_json/from_json).
+
+    `token` is the launch secret: it works until the runner opens its session
+    (POST /session), which replaces it with a token only the runner process holds.
+    """
+
+    instance_id: int
+    server_url: str
+    token: str
+    workspace: Path
+    run_dir: Path  # the runner's own files: spec, log, state; outside the workspace
+    env_cache: Path  # where template environments are built and shared between instances
+    template: Template
+    gpu_indices: tuple[int, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    heartbeat_interval_s: float = 2.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+    # Run every job in the bubblewrap sandbox (runner/sandbox.py). False only on a server
+    # started with GPULEASE_UNSANDBOXED_SINGLE_USER=true.
+    sandbox: bool = False
+    # PEM of the certificate the runner trusts for an https server_url, exactly it (the
+    # server's self-signed one); None: the usual CA verification.
+    server_certificate: str | None = None
+    # Where dataset versions are materialised on the node (runner/datasets.py), shared by
+    # the node's instances; None: beside run_dir's parent, in ../datasets.
+    dataset_cache: Path | None = None
+    # How often the runner samples its GPUs through NVML (runner/metrics.py); 0: never.
+    gpu_sample_interval_s: float = 5.0
+    # The server's Unix socket on this node (server/runner_socket.py): when set, every call
+    # and stream goes over it and never over TCP, whatever server_url's host and port say
+    # (the URL still gives the scheme, the Host header and the TLS name). None: TCP.
+    server_socket: Path | None = None
+    # The host uid the instance's jobs run as (runner/sandbox.py instance_uid: the server's
+    # GPULEASE_SANDBOX_UID_BASE + instance id); None: the default base + instance id.
+    sandbox_uid: int | None = None
+
+    def to_json(self) -> str:
+        return _SPEC.dump_json(self).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> RunnerSpec:
+        return _SPEC.validate_json(text)
+
+
+_SPEC: TypeAdapter[RunnerSpec] = TypeAdapter(RunnerSpec)
+
+
+class RunnerSession(BaseModel):
+    """POST /session: the token the runner uses from now on; the one it called with stops
+    working."""
+
+    token: str = Field(pattern=SESSION_TOKEN_PATTERN, max_length=200)
 
 
 class RunnerStatus(BaseModel):
@@ -25,15 +98,32 @@ class RunnerAction(BaseModel):
 class RunnerRun(BaseModel):
     id: int
     command: str
-    env: dict[str, str]
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class RunnerStreamEntry(BaseModel):
+    """A stream the runner should connect (runner/streams.py). Kinds it does not know
+    ("terminal" and "jupyter" today) it ignores; cols and rows are a terminal's size."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    kind: str
+    cols: int | None = None
+    rows: int | None = None
+
+
+class RunnerTask(BaseModel):
+    """A task for the runner (services/templates): kind "snapshot_env" today."""
+
+    id: int
+    kind: str
 
 
 class RunnerCommands(BaseModel):
     runs: list[RunnerRun]
-    # streams the runner should connect: {"id", "kind": "terminal" | "jupyter", ...}
-    streams: list[dict[str, str | int]] = Field(default_factory=list)
-    # tasks for the runner: {"id": 3, "kind": "snapshot_env"} (services/templates)
-    tasks: list[dict[str, str | int]] = Field(default_factory=list)
+    streams: list[RunnerStreamEntry] = Field(default_factory=list)
+    tasks: list[RunnerTask] = Field(default_factory=list)
 
 
 class RunnerStarted(BaseModel):

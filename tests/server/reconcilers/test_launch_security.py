@@ -10,6 +10,7 @@ import pytest
 from factories import Caller, make_settings
 from gpulease.backends.base import RunnerSpec
 from gpulease.backends.fake import FakeBackend
+from gpulease.server.runner_socket import bind_socket, socket_path
 from gpulease.server.settings import Settings
 
 
@@ -34,3 +35,34 @@ def test_runners_get_the_sandbox_and_exactly_the_servers_certificate(
     assert spec.server_url.startswith("https://")
     assert spec.server_certificate == (settings.tls_path / "cert.pem").read_text()
     assert RunnerSpec.from_json(spec.to_json()) == spec
+
+
+@pytest.mark.parametrize(
+    ("same_host", "listening", "expected"),
+    [(True, True, True), (True, False, False), (False, True, False)],
+    ids=["same-host", "nobody-listens", "remote-backend"],
+)
+def test_runners_on_this_host_get_the_servers_unix_socket(
+    settings: Settings,
+    ann: Caller,
+    tick: Callable[[], None],
+    backend: FakeBackend,
+    same_host: bool,
+    listening: bool,
+    expected: bool,
+) -> None:
+    """The runner socket goes to runners of a same-host backend while the server listens on
+    it; otherwise they keep TCP (a remote node cannot reach it, and nothing would answer)."""
+    backend.same_host = same_host
+    path = socket_path(settings)
+    listener = bind_socket(path)
+    if listening:
+        listener.listen()
+    try:
+        ann.post("/api/v1/instances", json={"gpu": "T4:1"})
+        tick()
+        (spec,) = backend.started
+        assert spec.server_socket == (path if expected else None)
+        assert RunnerSpec.from_json(spec.to_json()) == spec
+    finally:
+        listener.close()

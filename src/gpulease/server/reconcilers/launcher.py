@@ -9,6 +9,7 @@ from pathlib import Path
 from sqlalchemy import select, update
 
 from gpulease.backends.base import RunnerSpec
+from gpulease.server import runner_socket
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance
 from gpulease.server.runtime import Runtime
@@ -47,7 +48,9 @@ def launch_placed(rt: Runtime) -> None:
 
 
 def _launch(rt: Runtime, instance_id: int) -> None:
+    # The launch secret: it works until the runner opens its session (runner/connection.py).
     token = new_token(RUNNER_TOKEN_PREFIX)
+    server_socket = _runner_socket(rt)
     now = utcnow()
     with transaction(rt.sessions) as session:
         claimed = session.execute(
@@ -84,8 +87,10 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             gpu_uuids=tuple(g.uuid for g in gpus),
             heartbeat_interval_s=rt.settings.heartbeat_interval_s,
             sandbox=not rt.settings.unsandboxed_single_user,
+            sandbox_uid=rt.settings.sandbox_uid_base + instance_id,
             server_certificate=runner_trust(rt.settings),
             dataset_cache=rt.settings.dataset_cache_path,
+            server_socket=server_socket,
         )
     try:
         handle = rt.backend.start(spec)
@@ -109,6 +114,14 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             .values(runner_handle=handle)
             .execution_options(synchronize_session=False)
         )
+
+
+def _runner_socket(rt: Runtime) -> Path | None:
+    """The server's Unix socket for a runner on this host while the server listens on it."""
+    if not rt.backend.same_host:
+        return None
+    path = runner_socket.socket_path(rt.settings)
+    return path if runner_socket.listening(path) else None
 
 
 def finish_stops(rt: Runtime) -> None:

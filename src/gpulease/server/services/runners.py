@@ -30,6 +30,15 @@ def instance_for_token(session: Session, token: str) -> Instance:
     return instance
 
 
+def open_session(session: Session, instance: Instance, token: str) -> None:
+    """Bind the instance's runner token to the runner process: from now on only token (made by
+    the runner, never written to a file) works, and the launch secret of its spec or any
+    earlier session token is refused with 401. Repeating it with token itself changes
+    nothing, so a runner whose answer got lost can ask again."""
+    _seen(instance)
+    instance.runner_token_hash = hash_token(token)
+
+
 def _seen(instance: Instance) -> None:
     instance.last_heartbeat_at = utcnow()
 

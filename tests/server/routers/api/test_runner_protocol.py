@@ -157,3 +157,57 @@ def test_an_instance_awaiting_its_workdir_is_not_placed_until_it_lands(
     tick()
     assert ann.get(f"/api/v1/instances/{instance_id}").json()["status"] == "starting"
     assert runner_for(instance_id).call("GET", "/workdir").content == b"\x1f\x8b.."
+
+
+SESSION = "glr_" + "s" * 43  # a runner-made session token (url-safe, 256 bits in real use)
+
+
+def test_a_session_token_replaces_the_launch_secret(
+    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    instance_id, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
+    launch = runner.token
+    assert runner.call("POST", "/session", json={"token": SESSION}).status_code == 204
+
+    # The launch secret (in the spec file) is refused from now on, for every call.
+    assert runner.call("POST", "/heartbeat", json={"running_runs": []}).status_code == 401
+    assert runner.call("POST", "/session", json={"token": "glr_" + "x" * 43}).status_code == 401
+    session = RunnerDouble(runner.http, SESSION)
+    assert session.heartbeat() == "continue"
+    # Asking again with the session token itself (its answer was lost) changes nothing.
+    assert session.call("POST", "/session", json={"token": SESSION}).status_code == 204
+    run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "x"}).json()
+    assert [r["id"] for r in session.commands()] == [run["id"]]
+
+    # A later session (the server came back) retires this one in turn.
+    later = "glr_" + "t" * 43
+    assert session.call("POST", "/session", json={"token": later}).status_code == 204
+    assert session.call("GET", "/commands", params={"wait": 0}).status_code == 401
+    assert RunnerDouble(runner.http, later).heartbeat() == "continue"
+    assert launch != later
+
+
+def test_a_session_needs_a_strong_token_and_the_runners_own_secret(
+    ann: Caller,
+    bob: Caller,
+    tick: Callable[[], None],
+    runner_for: Callable[[int], RunnerDouble],
+) -> None:
+    _, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
+    _, bobs = make_running_instance(bob, tick, runner_for, gpu="A100-80GB:1")
+    for weak in ("", "short", "glr_" + "a" * 10, "x" * 60, "glr_" + "é" * 43):
+        r = runner.call("POST", "/session", json={"token": weak})
+        assert r.status_code == 422, (weak, r.text)
+    assert runner.heartbeat() == "continue"  # a refused session changes nothing
+    # Without a runner's secret nobody opens a session: a user token, a made-up one.
+    r = ann.http.post("/runner/v1/session", headers=ann.headers, json={"token": SESSION})
+    assert r.status_code == 401
+    assert (
+        RunnerDouble(runner.http, "glr_guess")
+        .call("POST", "/session", json={"token": SESSION})
+        .status_code
+        == 401
+    )
+    # Bob's runner opening a session moves only its own token.
+    assert bobs.call("POST", "/session", json={"token": SESSION}).status_code == 204
+    assert runner.heartbeat() == "continue"

@@ -9,6 +9,7 @@ from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
 from gpulease.schemas.runner import (
+    RUNNER_API,
     RunnerAction,
     RunnerCommands,
     RunnerExit,
@@ -17,14 +18,17 @@ from gpulease.schemas.runner import (
     RunnerLogs,
     RunnerReady,
     RunnerRun,
+    RunnerSession,
     RunnerStarted,
     RunnerStatus,
+    RunnerStreamEntry,
+    RunnerTask,
 )
 from gpulease.server.routers.deps import runner_token, tx
 from gpulease.server.services import runners, runs, templates
 from gpulease.server.services.streams import hub_of
 
-router = APIRouter(prefix="/runner/v1", tags=["runner"])
+router = APIRouter(prefix=RUNNER_API, tags=["runner"])
 MAX_WAIT_S = 30.0
 
 
@@ -33,6 +37,15 @@ def status(body: RunnerStatus, request: Request) -> Response:
     with tx(request) as session:
         instance = runners.instance_for_token(session, runner_token(request))
         runners.report_status(session, instance, body.message)
+    return Response(status_code=204)
+
+
+@router.post("/session", status_code=204)
+def open_session(body: RunnerSession, request: Request) -> Response:
+    """The runner's token becomes body.token; the one it called with stops working."""
+    with tx(request) as session:
+        instance = runners.instance_for_token(session, runner_token(request))
+        runners.open_session(session, instance, body.token)
     return Response(status_code=204)
 
 
@@ -58,11 +71,11 @@ async def commands(request: Request, wait: float = 20.0) -> RunnerCommands:
     token = runner_token(request)
     deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
 
-    def _pending() -> tuple[int, list[RunnerRun], list[dict[str, str | int]]]:
+    def _pending() -> tuple[int, list[RunnerRun], list[RunnerTask]]:
         with tx(request) as session:
             instance = runners.instance_for_token(session, token)
-            tasks: list[dict[str, str | int]] = [
-                {"id": t.id, "kind": templates.SNAPSHOT_TASK}
+            tasks = [
+                RunnerTask(id=t.id, kind=templates.SNAPSHOT_TASK)
                 for t in templates.pending_tasks(session, instance)
             ]
             return (
@@ -77,7 +90,7 @@ async def commands(request: Request, wait: float = 20.0) -> RunnerCommands:
     hub = hub_of(request.app.state)  # terminal and Jupyter streams (services/streams.py)
     while True:
         instance_id, found, tasks = await run_in_threadpool(_pending)
-        wanted = hub.wanted(instance_id)
+        wanted = [RunnerStreamEntry.model_validate(s) for s in hub.wanted(instance_id)]
         left = deadline - time.monotonic()
         if found or wanted or tasks or left <= 0 or await request.is_disconnected():
             return RunnerCommands(runs=found, streams=wanted, tasks=tasks)

@@ -13,13 +13,14 @@ from starlette.responses import Response
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from gpulease.core.errors import Unauthorized
+from gpulease.schemas.runner import RUNNER_API
 from gpulease.server.db import transaction
 from gpulease.server.routers.deps import bearer
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import runners
 from gpulease.server.services.streams import hub_of
 
-router = APIRouter(prefix="/runner/v1", tags=["runner"])
+router = APIRouter(prefix=RUNNER_API, tags=["runner"])
 
 # Close codes (also the HTTP status of a refused handshake where the server can send one).
 NOT_FOUND_CODE = 4404

@@ -1,4 +1,4 @@
-"""The process table as /proc shows it: which process is which, and who belongs to whom."""
+"""The process table as /proc shows it (for the local backend's handles and the runner's jobs)."""
 
 from __future__ import annotations
 
