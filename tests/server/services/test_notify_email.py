@@ -97,7 +97,10 @@ def test_without_smtp_no_email_is_queued(tmp_path: Path, database_url: str) -> N
     from gpulease.server.runtime import build_runtime
 
     plain = Settings(
-        home=tmp_path / "plain", database_url=database_url, admin_password="admin-password-1"
+        home=tmp_path / "plain",
+        database_url=database_url,
+        admin_password="admin-password-1",
+        webhook_allow_private=True,  # the webhook below is on loopback
     )
     runtime = build_runtime(plain, FakeBackend())
     try:

@@ -4,6 +4,8 @@ the console refuse."""
 
 from __future__ import annotations
 
+import html
+import re
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -53,9 +55,13 @@ def open_jupyterlab(http: TestClient, owner: Caller, instance_id: int, runner: R
         follow_redirects=False,
     )
     thread.join(timeout=30)
-    assert r.status_code == 303, r.text
+    assert r.status_code == 200, r.text
     assert r.headers["referrer-policy"] == "no-referrer"
-    return str(r.headers["location"])
+    assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+    (refresh,) = re.findall(r'http-equiv="refresh" content="0;url=([^"]+)"', r.text)
+    (link,) = re.findall(r'<a href="([^"]+)" data-testid="jupyterlab-link"', r.text)
+    assert refresh == link
+    return html.unescape(link)
 
 
 def enter(http: TestClient, instance_id: int, ticket: str) -> Any:

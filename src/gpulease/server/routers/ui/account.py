@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_credits
 from gpulease.server.orm import User
+from gpulease.server.routers.auth_limits import auth_guard, client_address, guarded_login
 from gpulease.server.routers.deps import SESSION_COOKIE, runtime, same_origin, tx
 from gpulease.server.routers.ui.guards import (
     LOGIN_PATH,
@@ -112,7 +113,7 @@ def login(
         if not name or not password:
             raise InvalidInput("enter your user name and password")
         with tx(request) as session:
-            user = users.authenticate(session, name, password)
+            user = guarded_login(request, session, name, password)
             secret = _open_session(request, session, user)
     except GpuleaseError as exc:
         return _login_page(
@@ -143,11 +144,13 @@ def register(
     try:
         if password != password_repeat:
             raise InvalidInput("the two passwords differ; type the same password twice")
+        auth_guard(request).check_registration(client_address(request))
         with tx(request) as session:
             user = users.create_user(
                 session, name, password, signup_credit_micro=settings.signup_credit_micro
             )
             secret = _open_session(request, session, user)
+        auth_guard(request).registered(client_address(request))
     except GpuleaseError as exc:
         return _register_page(request, name=name, error=exc.message, status_code=exc.status)
     return _signed_in(request, secret, "/")

@@ -17,6 +17,7 @@ bearer token reaches the instance, and JupyterLab cannot set cookies outside its
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,7 +25,7 @@ from urllib.parse import urlencode, urlsplit
 
 import httpcore
 from fastapi import APIRouter, Request, Response, WebSocket
-from fastapi.responses import RedirectResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
@@ -41,7 +42,7 @@ from gpulease.server.db import transaction
 from gpulease.server.routers.api.runner_streams import close_quietly, refuse, until_first_ends
 from gpulease.server.routers.deps import SESSION_COOKIE, same_origin
 from gpulease.server.routers.ui.guards import cross_site_refusal, login_url, viewer
-from gpulease.server.routers.ui.templating import render
+from gpulease.server.routers.ui.templating import SECURITY_HEADERS, render
 from gpulease.server.routers.ui.terminal import Activity, lookup, note_activity
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import jupyter_access
@@ -380,7 +381,23 @@ async def open_jupyterlab(ref: str, request: Request) -> Response:
             status_code=404,
         )
     entry = f"{jupyter_origin(request, found.id)}{ENTER_PATH}?{urlencode({'ticket': ticket})}"
-    return RedirectResponse(entry, status_code=303, headers={"Referrer-Policy": "no-referrer"})
+    return _go_to(entry)
+
+
+def _go_to(entry: str) -> Response:
+    """A page that moves on to JupyterLab's origin at once. Not a redirect: the console's
+    CSP (form-action 'self') stops a form's redirect to another origin, and a page of its
+    own lets the ticket leave without a Referer."""
+    url = html.escape(entry, quote=True)
+    page = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="0;url={url}">'
+        "<title>Opening JupyterLab</title></head><body>"
+        f'<p>Opening JupyterLab… <a href="{url}" data-testid="jupyterlab-link">continue</a></p>'
+        "</body></html>"
+    )
+    headers = {**SECURITY_HEADERS, "Referrer-Policy": "no-referrer"}
+    return HTMLResponse(page, headers=headers)
 
 
 def _mint(request: Request, instance_id: int) -> str | None:
