@@ -77,7 +77,7 @@ def test_interrupted_push_resumes_with_only_the_rest(ann: Caller, tmp_path: Path
     total = sum(len(d) for d in files.values())
     with pytest.raises(KeyboardInterrupt):
         push_directory(
-            client,
+            client.datasets,
             tmp_path / "imgs",
             "imgs",
             progress=Interrupt(total // 3),
