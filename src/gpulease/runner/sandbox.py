@@ -9,19 +9,29 @@ namespace: it sees only its own processes) and `/dev` with only its own GPUs' de
 Nothing else of the host exists in there: not the server's data directory (database, keys,
 runner files, other workspaces, blobs), not other tenants' datasets, not `/root` or `/home`.
 
-It keeps the host's network (jobs pip install and download data), so whatever listens on the
-host, loopback included, is reachable from a job: services there must require credentials.
+An instance's sandboxes (runs, terminals, JupyterLab, the runner's one-off commands) share
+its own network namespace (runner/netns.py): outbound internet and DNS, never this host's
+ports, private ranges or cloud metadata. Their processes run as the instance's own host uid
+(instance_uid), without any capability and with no_new_privs, so a way out of the mount
+namespace lands in an account that owns nothing but the workspace. bwrap itself runs as
+root to build the mounts; `setpriv` drops to that uid just before the job's program, and
+the job's loader variables (LD_PRELOAD and the like) take effect only after that.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpulease.runner import netns
+from gpulease.runner.netns import InstanceNetwork, NetworkError
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +44,14 @@ METRICS_ROOT = "/opt/gpulease/metrics"
 JUPYTER_ROOT = "/opt/gpulease/jupyter"
 PROBE_TIMEOUT_S = 20.0
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SETPRIV = "/usr/bin/setpriv"
+BASH = "/bin/bash"
+# Instance N's jobs run as host uid UID_BASE + N (and the same gid): far above any account
+# or subordinate-uid range a distribution hands out, below 2**32 - 2 (nobody's -1 and -2).
+UID_BASE = 2_000_000_000
+MAX_UID = 2**32 - 3
 
-# The namespaces every run gets. The network is shared on purpose (see the module docstring).
+# The namespaces every run gets; the network namespace is the instance's (runner/netns.py).
 NAMESPACE_ARGS = (
     "--unshare-pid",
     "--unshare-ipc",
@@ -84,6 +100,34 @@ _PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
 _DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SIGNAL_EXIT_BASE = 128
 _MAX_SIGNAL = 64
+# What bwrap needs kept to drop to the job's uid with setpriv (inside, before the job).
+_DROP_CAPS = ("--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP")
+# Variables that make the dynamic loader or glibc load code or files (glibc's list for
+# secure-execution mode). nsenter, bwrap and setpriv run as root on the host's side of the
+# boundary, so a job's values for them travel renamed (LOADER_PREFIX + NAME) and are put
+# back only once the job's own uid is in force.
+_LOADER_PREFIXES = ("LD_",)
+_LOADER_VARIABLES = (
+    "GCONV_PATH",
+    "GETCONF_DIR",
+    "GLIBC_TUNABLES",
+    "HOSTALIASES",
+    "LOCALDOMAIN",
+    "LOCPATH",
+    "MALLOC_TRACE",
+    "NIS_PATH",
+    "NLSPATH",
+    "RESOLV_HOST_CONF",
+    "RES_OPTIONS",
+    "TMPDIR",
+    "TZDIR",
+)
+LOADER_PREFIX = "GPULEASE_SANDBOX_ENV_"
+# Run as the job, first thing: put the renamed variables back, then exec the job's argv.
+_RESTORE_ENV = (
+    f'for n in ${{!{LOADER_PREFIX}@}}; do export "${{n#{LOADER_PREFIX}}}=${{!n}}"; unset "$n"; '
+    'done; exec "$@"'
+)
 
 
 class SandboxError(Exception):
@@ -124,14 +168,24 @@ def _system_args(root: Path = Path("/")) -> list[str]:
 
 
 def probe(bwrap: str | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
-    """None when bubblewrap can build a sandbox on this host (it runs `true` in one, with
-    the namespaces every run gets); otherwise why not, in words."""
+    """None when a job can be isolated on this host as every run is: bubblewrap builds a
+    sandbox (it runs `true` in one, with the namespaces every run gets, as an instance uid)
+    in a network namespace of the instance's kind (runner/netns.py); otherwise why not, in
+    words, with what to do."""
     path = bwrap or find_bwrap()
     if path is None:
         return "bubblewrap (bwrap) is not installed; on Debian/Ubuntu: apt-get install bubblewrap"
+    if os.geteuid() != 0:
+        return (
+            "the server does not run as root, so jobs cannot get a uid and a network namespace "
+            "of their own (they would run as the server's user, on its network); run it as root"
+        )
+    if not os.access(SETPRIV, os.X_OK):
+        return f"{SETPRIV} is missing; on Debian/Ubuntu: apt-get install util-linux"
     argv = [
         path,
         *NAMESPACE_ARGS,
+        *_DROP_CAPS,
         *_system_args(),
         "--proc",
         "/proc",
@@ -140,6 +194,7 @@ def probe(bwrap: str | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> str |
         "--tmpfs",
         "/tmp",
         "--",
+        *_as_uid(UID_BASE),
         "true",
     ]
     try:
@@ -155,7 +210,34 @@ def probe(bwrap: str | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> str |
             "user namespaces (sysctl kernel.unprivileged_userns_clone=1, or in a container "
             "a seccomp/AppArmor profile that allows them)"
         )
-    return None
+    return netns.probe()
+
+
+def instance_uid(instance_id: int, base: int = UID_BASE) -> int:
+    """The host uid (and gid) instance_id's jobs run as: base + instance_id, one per
+    instance, owned by no account. SandboxError when that leaves the uid range."""
+    uid = base + instance_id
+    if instance_id < 0 or base < 1000 or uid > MAX_UID:
+        raise SandboxError(
+            f"instance {instance_id} has no sandbox uid: {base} + {instance_id} is outside "
+            f"1000..{MAX_UID}; set GPULEASE_SANDBOX_UID_BASE lower"
+        )
+    return uid
+
+
+def _as_uid(uid: int) -> list[str]:
+    """The argv prefix that drops from root in the sandbox to uid: no groups, no capability
+    (bounding and inheritable sets emptied), no_new_privs (setuid files do nothing)."""
+    return [
+        SETPRIV,
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
 
 
 def python_install(env_dir: Path) -> Path | None:
@@ -227,11 +309,77 @@ def _covers(outer: Path, inner: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
+# bwrap's options as command() emits them: how many operands each takes, which make a mount
+# point, and which of those bind a host path.
+_ARITY = {
+    "--ro-bind": 2,
+    "--bind": 2,
+    "--dev-bind": 2,
+    "--symlink": 2,
+    "--proc": 1,
+    "--dev": 1,
+    "--tmpfs": 1,
+    "--dir": 1,
+    "--perms": 1,
+    "--remount-ro": 1,
+    "--hostname": 1,
+    "--info-fd": 1,
+    "--chdir": 1,
+    "--cap-add": 1,
+    "--cap-drop": 1,
+}
+_MOUNT_OPTIONS = {"--ro-bind", "--bind", "--dev-bind", "--symlink", "--proc", "--dev", "--tmpfs"}
+_HOST_BINDS = {"--ro-bind", "--bind", "--dev-bind"}
+
+
+def open_parents(options: Sequence[str]) -> list[str]:
+    """bwrap options with every missing parent of a mount point made first, mode 0755:
+    bwrap run as root creates them 0700, which a job's uid cannot enter (/etc, /data, the
+    directories above a venv bound at its own path). A parent inside a host directory bound
+    earlier exists there already and is left alone. Stops at `--`."""
+    result: list[str] = []
+    made = {Path("/")}
+    binds: list[Path] = []
+    pending: list[str] = []  # a --perms that belongs to the next option
+    index = 0
+    while index < len(options):
+        option = options[index]
+        if option == "--":
+            result += [*pending, *options[index:]]
+            return result
+        count = _ARITY.get(option, 0)
+        operands = list(options[index + 1 : index + 1 + count])
+        index += 1 + count
+        if option == "--perms":
+            pending = [option, *operands]
+            continue
+        if option in _MOUNT_OPTIONS:
+            target = Path(operands[-1])
+            for parent in reversed(target.parents):
+                if parent in made:
+                    continue
+                if any(_covers(bound, parent) for bound in binds):
+                    break
+                result += ["--perms", "0755", "--dir", str(parent)]
+                made.add(parent)
+            made.add(target)
+            if option in _HOST_BINDS:
+                binds.append(target)
+        result += [*pending, option, *operands]
+        pending = []
+    return result + pending
+
+
 @dataclass(frozen=True)
 class Sandbox:
     """How one instance's runs are wrapped. `private` are host paths that must never be
     visible (the runner's own directory, which lies in the server's data directory): a
-    read-only bind that would contain one of them is refused with SandboxError."""
+    read-only bind that would contain one of them is refused with SandboxError.
+
+    `uid`: the host uid the instance's processes run as (instance_uid); the workspace is
+    handed over to it. `network`: the instance's network namespace, set up at the first
+    command. Both None: jobs run as the runner, on its network (tests of the mounts alone).
+    """
 
     workspace: Path
     env_dir: Path
@@ -249,22 +397,49 @@ class Sandbox:
     # directory of its unix socket and kernelspec, writable at JUPYTER_ROOT.
     tools_env: Path | None = None
     jupyter_dir: Path | None = None
+    uid: int | None = None
+    network: InstanceNetwork | None = None
 
     def command(
         self, argv: Sequence[str], *, info_fd: int | None = None, terminal: bool = False
     ) -> list[str]:
-        """The bwrap command line that runs argv inside the sandbox. info_fd: bwrap writes
-        {"child-pid": N} there (the host pid of the sandbox's init, whose session and
-        process group the job's processes share) and closes it. terminal: argv runs on a
-        PTY of its own (runner/streams.py) and keeps it as controlling terminal, so no
-        --new-session (TIOCSTI can only reach that PTY, not the runner's terminal)."""
+        """The command line that runs argv inside the sandbox: `nsenter --net=…` into the
+        instance's network, bwrap, then (inside) setpriv down to the instance's uid. Every
+        process of an instance starts through here: runs (runner/jobs.py), terminals
+        (runner/streams.py), JupyterLab (runner/jupyter.py) and the runner's own one-off
+        commands such as `pip freeze` (runner/oneoff.py's in_sandbox: use that, with
+        Sandbox.environment for the env, to run a short command and read its output).
+
+        Before returning it hands the writable directories over to the instance's uid
+        (the workspace tree, chowned without following links; the metrics and JupyterLab
+        directories shared root:uid with the sticky bit) and sets the network up if need
+        be, so call it just before spawning. The environment given to the spawned process
+        must come from Sandbox.environment.
+
+        info_fd: bwrap writes {"child-pid": N} there (the host pid of the sandbox's init,
+        whose session and process group the job's processes share) and closes it.
+        terminal: argv runs on a PTY of its own (runner/streams.py) and keeps it as
+        controlling terminal, so no --new-session (TIOCSTI can only reach that PTY, not the
+        runner's terminal)."""
         namespaces = [a for a in NAMESPACE_ARGS if not (terminal and a == "--new-session")]
-        args = [self.bwrap, *namespaces, "--hostname", self.hostname]
+        prefix: list[str] = []
+        if self.network is not None:
+            try:
+                prefix = self.network.enter_args()
+            except NetworkError as exc:
+                raise SandboxError(f"the instance's network: {exc.message}") from exc
+        args = [*namespaces]
+        if self.uid is not None:
+            args += _DROP_CAPS
+        args += ["--hostname", self.hostname]
         if info_fd is not None:
             args += ["--info-fd", str(info_fd)]
         args += _system_args()
+        if self.network is not None:
+            args += ["--ro-bind", str(self.network.resolv_conf), "/etc/resolv.conf"]
         # /tmp first: binds below may lie under /tmp on the host (tests, odd setups).
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]
         for node in gpu_device_nodes(self.gpus, self.dev):
             args += ["--dev-bind", str(node), f"/dev/{node.name}"]
         for source in self._read_only_sources():
@@ -285,8 +460,32 @@ class Sandbox:
         if self.jupyter_dir is not None:
             args += ["--bind", str(self.jupyter_dir), JUPYTER_ROOT]
         # The root itself (where /etc, /data and the bind points live) is read-only too.
-        args += ["--remount-ro", "/", "--chdir", WORKSPACE, "--", *argv]
-        return args
+        args += ["--remount-ro", "/", "--chdir", WORKSPACE, "--"]
+        if self.uid is not None:
+            args += _as_uid(self.uid)
+            self._hand_over(self.uid)
+        args += [BASH, "-c", _RESTORE_ENV, "gpulease-sandbox", *argv]
+        return [*prefix, self.bwrap, *open_parents(args)]
+
+    def close(self) -> None:
+        """Take the instance's network down (after its processes are stopped: each
+        sandbox's PID namespace ends with its command, so none outlives it). Idempotent;
+        a command after close() fails with SandboxError."""
+        if self.network is not None:
+            self.network.close()
+
+    def _hand_over(self, uid: int) -> None:
+        """The workspace tree to uid; the per-run metrics directory and JupyterLab's
+        directory shared: root-owned, group uid, 1770 (the job creates its files there but
+        cannot touch the runner's)."""
+        try:
+            give_tree(self.workspace, uid)
+            for shared in (self.metrics, self.jupyter_dir):
+                if shared is not None:
+                    os.chown(shared, 0, uid, follow_symlinks=False)
+                    os.chmod(shared, 0o1770, follow_symlinks=False)
+        except OSError as exc:
+            raise SandboxError(f"the workspace cannot be given to the instance: {exc}") from exc
 
     def _read_only_sources(self) -> list[Path]:
         sources = [self.env_dir]
@@ -311,7 +510,9 @@ class Sandbox:
         the private /tmp, CUDA_VISIBLE_DEVICES the GPUs' UUIDs (only their device nodes
         exist in here, so CUDA numbers them from 0; UUIDs name them whatever the order), and
         host paths under the workspace in PATH and VIRTUAL_ENV (the instance's venv layer)
-        under /workspace."""
+        under /workspace. Loader variables (LD_PRELOAD, LD_LIBRARY_PATH, …) are renamed
+        (LOADER_PREFIX + NAME) so that nothing running as root on the way in honours them;
+        the command line from Sandbox.command restores them as the job."""
         result = dict(env)
         result.update(HOME=WORKSPACE, PWD=WORKSPACE, TMPDIR="/tmp")
         if "PATH" in result:
@@ -322,6 +523,12 @@ class Sandbox:
             result["CUDA_VISIBLE_DEVICES"] = ",".join(
                 gpu.uuid or str(gpu.index) for gpu in self.gpus
             )
+        for key in list(result):
+            if key.startswith(LOADER_PREFIX):
+                del result[key]  # only this function may name them
+        for key in list(result):
+            if key.startswith(_LOADER_PREFIXES) or key in _LOADER_VARIABLES:
+                result[LOADER_PREFIX + key] = result.pop(key)
         return result
 
     def inside(self, path: str | Path) -> str:
@@ -331,6 +538,34 @@ class Sandbox:
         if text == root or text.startswith(root + "/"):
             return WORKSPACE + text[len(root) :]
         return text
+
+
+def give_tree(root: Path, uid: int) -> None:
+    """chown root and everything under it to uid:uid, following no link and trusting no
+    name: a directory is entered through the descriptor it was opened with (os.fwalk), and
+    an entry is changed by name relative to it without following a link. A non-directory
+    with other hard links is skipped: the job may have linked a file of the host's there
+    (where fs.protected_hardlinks is off), and such a file must not become the job's."""
+    _give(root, None, uid)
+    for _, dirs, files, dir_fd in os.fwalk(root, follow_symlinks=False):
+        for name in dirs:
+            _give(Path(name), dir_fd, uid)
+        for name in files:
+            _give(Path(name), dir_fd, uid)
+
+
+def _give(path: Path, dir_fd: int | None, uid: int) -> None:
+    try:
+        info = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return  # removed meanwhile (by the job)
+    if info.st_uid == uid and info.st_gid == uid:
+        return
+    if not stat.S_ISDIR(info.st_mode) and info.st_nlink > 1:
+        log.warning("not giving %s to uid %d: it has %d links", path, uid, info.st_nlink)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.chown(path, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def base_environment(runner_env: Mapping[str, str]) -> dict[str, str]:

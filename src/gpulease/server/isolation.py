@@ -1,5 +1,6 @@
-"""The server's start-up rule for tenant isolation: bubblewrap works here, or the operator
-said, loudly, that this is a single-user server."""
+"""The server's start-up rule for tenant isolation: jobs can be isolated here (bubblewrap,
+an unprivileged uid per instance, a firewalled network namespace per instance), or the
+operator said, loudly, that this is a single-user server."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ class SandboxRequired(GpuleaseError):
 
 
 def require_sandbox(settings: Settings) -> None:
-    """Return when jobs will be sandboxed (bwrap works on this host) or the operator set
+    """Return when jobs will be isolated (runner/sandbox.py's probe: bwrap, the drop to an
+    instance uid and an instance network all work on this host) or the operator set
     GPULEASE_UNSANDBOXED_SINGLE_USER; raise SandboxRequired, saying what to do, otherwise."""
     if settings.unsandboxed_single_user:
         log.warning(UNSANDBOXED_WARNING)
@@ -32,8 +34,9 @@ def require_sandbox(settings: Settings) -> None:
     if reason is None:
         return
     raise SandboxRequired(
-        "refusing to start: every job runs in a bubblewrap sandbox so that tenants cannot "
-        f"read each other's data or the server's, but {reason}. Install or fix bubblewrap; "
+        "refusing to start: every job runs in a bubblewrap sandbox, as a uid of its own and on "
+        "a network of its own (internet only, never this host's services), so that tenants "
+        f"cannot reach each other's data or the server's, but {reason}. Fix that; "
         "or, only if you alone will use this server, set GPULEASE_UNSANDBOXED_SINGLE_USER=true "
         "(jobs then run unsandboxed and can read the server's database and keys; sign-up is "
         "turned off)"

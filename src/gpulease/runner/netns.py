@@ -1,0 +1,345 @@
+"""Each instance's own network: a network namespace behind slirp4netns, firewalled so that
+its jobs reach the internet and DNS but not this host, private ranges or cloud metadata.
+
+The runner (root) creates the namespace, loads its nftables rules and starts slirp4netns
+before any job enters it. Jobs join it through `nsenter --net` and then run without any
+capability, as an unprivileged uid (runner/sandbox.py): the namespace belongs to the host's
+user namespace, so nothing in a job can change its routes or its rules.
+
+What a job sees: `tap0` (10.0.2.100/24) with slirp's gateway 10.0.2.2 and DNS forwarder
+10.0.2.3; its own loopback. slirp4netns runs with `--disable-host-loopback`, so 10.0.2.2 is
+not the host's 127.0.0.1. Its NAT would still reach anything else the host reaches, so the
+rules inside the namespace reject, before a packet leaves: the host's own interface
+addresses, 0/8, 10/8, 100.64/10 (CGNAT), 127/8, 169.254/16 (link-local and the metadata
+service), 172.16/12, 192.168/16, multicast and reserved space, and all of IPv6 but loopback.
+DNS is allowed to port 53 of 10.0.2.3 and of the host's own resolvers (which may sit in a
+private range), nothing else there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+NETNS_DIR = Path("/run/gpulease/netns")
+TAP_DEVICE = "tap0"
+GUEST_ADDRESS = "10.0.2.100"
+GATEWAY = "10.0.2.2"
+DNS_FORWARDER = "10.0.2.3"
+MTU = 65520
+READY_TIMEOUT_S = 10.0
+COMMAND_TIMEOUT_S = 20.0
+# Never reachable from a job, whatever slirp's NAT could reach.
+BLOCKED_RANGES = (
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/3",
+)
+_TOOLS = ("slirp4netns", "nft", "unshare", "nsenter", "umount")
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_INSTALL_HINT = "on Debian/Ubuntu: apt-get install slirp4netns nftables util-linux"
+
+
+class NetworkError(Exception):
+    """An instance's network cannot be set up; the message says why and what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def find_tool(name: str) -> str | None:
+    """The tool on PATH or in the system directories (a runner's PATH may lack sbin)."""
+    path = os.environ.get("PATH", os.defpath) + os.pathsep + _SYSTEM_PATH
+    return shutil.which(name, path=path)
+
+
+def host_addresses() -> list[str]:
+    """This host's own IPv4 interface addresses (`ip -j -4 addr`): slirp's NAT would reach
+    whatever listens on them, loopback-only or not."""
+    ip = find_tool("ip")
+    if ip is None:
+        return []
+    try:
+        result = subprocess.run(
+            [ip, "-j", "-4", "addr"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+        )
+        interfaces = json.loads(result.stdout or "[]")
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return []
+    addresses = []
+    for interface in interfaces:
+        for entry in interface.get("addr_info", []):
+            local = entry.get("local")
+            if isinstance(local, str) and _is_ipv4(local):
+                addresses.append(local)
+    return sorted(set(addresses))
+
+
+def host_nameservers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
+    """The IPv4 nameservers of resolv.conf: the only private addresses a job may reach,
+    and only on port 53."""
+    try:
+        lines = resolv_conf.read_text().splitlines()
+    except OSError:
+        return []
+    servers = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "nameserver" and _is_ipv4(fields[1]):
+            servers.append(fields[1])
+    return servers
+
+
+def sandbox_resolv_conf(resolv_conf: Path = Path("/etc/resolv.conf")) -> str:
+    """The resolv.conf jobs get: slirp's DNS forwarder (which asks the host's resolvers,
+    loopback ones included), with the host's search domains and options."""
+    lines = [f"nameserver {DNS_FORWARDER}"]
+    with contextlib.suppress(OSError):
+        for line in resolv_conf.read_text().splitlines():
+            if line.split()[:1] in (["search"], ["domain"], ["options"]):
+                lines.append(line.strip())
+    return "\n".join(lines) + "\n"
+
+
+def ruleset(addresses: Iterable[str], nameservers: Iterable[str]) -> str:
+    """The nftables rules loaded in an instance's namespace (see the module docstring).
+    A refused connection is reset at once, so a job fails fast instead of timing out."""
+    blocked = ", ".join([*BLOCKED_RANGES, *sorted(set(addresses))])
+    dns = ", ".join(sorted({DNS_FORWARDER, *nameservers}))
+    return f"""flush ruleset
+table inet gpulease {{
+    chain output {{
+        type filter hook output priority 0; policy accept;
+        oif "lo" accept
+        ip daddr {{ {dns} }} udp dport 53 accept
+        ip daddr {{ {dns} }} tcp dport 53 accept
+        meta nfproto ipv6 reject with icmpv6 type admin-prohibited
+        ip daddr {{ {blocked} }} meta l4proto tcp reject with tcp reset
+        ip daddr {{ {blocked} }} reject with icmp type admin-prohibited
+    }}
+}}
+"""
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
+    except ValueError:
+        return False
+
+
+def _run(argv: Sequence[str], *, stdin: str | None = None) -> None:
+    try:
+        result = subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NetworkError(f"{argv[0]} could not be run: {exc}") from exc
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip() or f"exit code {result.returncode}"
+        raise NetworkError(f"`{' '.join(argv[:4])}` failed: {detail}")
+
+
+def _tools() -> dict[str, str]:
+    found = {name: find_tool(name) for name in _TOOLS}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        raise NetworkError(f"{', '.join(missing)} not found; {_INSTALL_HINT}")
+    return {name: path for name, path in found.items() if path is not None}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class InstanceNetwork:
+    """One instance's network namespace, bound at `path` (NETNS_DIR/NAME-PID, the runner's
+    pid, so two runners never share one). ensure() sets it up once, on first use, from any
+    thread; enter_args() is what runs a command in it; close() takes it down and is
+    idempotent. slirp4netns also exits by itself when the runner dies (its --exit-fd is a
+    pipe only the runner holds), so no process outlives the runner; a namespace file left by
+    a dead runner is removed by the next ensure() on the host."""
+
+    def __init__(self, name: str, root: Path = NETNS_DIR) -> None:
+        self.name = name
+        self.root = root
+        self.path = root / f"{name}-{os.getpid()}"
+        self.resolv_conf = root / f"{name}-{os.getpid()}.resolv.conf"
+        self._lock = threading.Lock()
+        self._slirp: subprocess.Popen[bytes] | None = None
+        self._exit_write = -1
+        self._ready = False
+        self._closed = False
+
+    def enter_args(self) -> list[str]:
+        """The argv prefix that runs a command in this namespace (set up first if need be);
+        NetworkError when it cannot be."""
+        self.ensure()
+        nsenter = find_tool("nsenter") or "nsenter"
+        return [nsenter, f"--net={self.path}", "--"]
+
+    def ensure(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise NetworkError("the instance is stopping: its network is closed")
+            if self._ready:
+                return
+            try:
+                self._create()
+            except BaseException:
+                self._teardown()
+                raise
+            self._ready = True
+
+    def _create(self) -> None:
+        if os.geteuid() != 0:
+            raise NetworkError(
+                "the runner is not root, so it cannot give each instance a network namespace "
+                "of its own; run the server as root"
+            )
+        tools = _tools()
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _remove_stale(self.root, tools["umount"])
+            self.path.unlink(missing_ok=True)
+            self.path.touch(mode=0o600)
+            self.resolv_conf.write_text(sandbox_resolv_conf())
+            self.resolv_conf.chmod(0o644)
+        except OSError as exc:
+            raise NetworkError(
+                f"{self.root} cannot hold network namespaces ({exc}); it must be a writable "
+                "local directory, such as the default /run/gpulease/netns"
+            ) from exc
+        _run([tools["unshare"], f"--net={self.path}", "true"])
+        rules = ruleset(host_addresses(), host_nameservers())
+        _run([tools["nsenter"], f"--net={self.path}", "--", tools["nft"], "-f", "-"], stdin=rules)
+        self._start_slirp(tools["slirp4netns"])
+        log.info("network %s is up (slirp4netns pid %d)", self.path, self._pid())
+
+    def _pid(self) -> int:
+        return self._slirp.pid if self._slirp is not None else 0
+
+    def _start_slirp(self, slirp: str) -> None:
+        with tempfile.TemporaryFile() as errors:
+            exit_read, self._exit_write = os.pipe()
+            ready_read, ready_write = os.pipe()
+            try:
+                self._slirp = subprocess.Popen(
+                    [
+                        slirp,
+                        "--configure",
+                        f"--mtu={MTU}",
+                        "--disable-host-loopback",
+                        f"--exit-fd={exit_read}",
+                        f"--ready-fd={ready_write}",
+                        "--netns-type=path",
+                        str(self.path),
+                        TAP_DEVICE,
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errors,
+                    pass_fds=(exit_read, ready_write),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                os.close(ready_read)
+                raise NetworkError(f"slirp4netns could not be started: {exc}") from exc
+            finally:
+                os.close(exit_read)
+                os.close(ready_write)
+            try:
+                ready, _, _ = select.select([ready_read], [], [], READY_TIMEOUT_S)
+                answer = os.read(ready_read, 1) if ready else b""
+            finally:
+                os.close(ready_read)
+            if answer != b"1":
+                self._stop_slirp()
+                errors.seek(0)
+                detail = errors.read().decode(errors="replace").strip()[-500:]
+                raise NetworkError(f"slirp4netns did not come up: {detail or 'no output'}")
+
+    def close(self) -> None:
+        """Stop slirp4netns and remove the namespace's file. Processes still inside keep the
+        namespace (without any route out) until they end."""
+        with self._lock:
+            self._closed = True
+            self._teardown()
+
+    def _teardown(self) -> None:
+        self._stop_slirp()
+        self._ready = False
+        umount = find_tool("umount")
+        if umount is not None and self.path.exists():
+            with contextlib.suppress(NetworkError):
+                _run([umount, "--lazy", str(self.path)])
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.resolv_conf.unlink(missing_ok=True)
+
+    def _stop_slirp(self) -> None:
+        if self._exit_write >= 0:
+            os.close(self._exit_write)  # slirp4netns exits on its own when this closes
+            self._exit_write = -1
+        if self._slirp is not None and self._slirp.poll() is None:
+            try:
+                self._slirp.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._slirp.kill()
+                self._slirp.wait()
+
+
+def _remove_stale(root: Path, umount: str) -> None:
+    """Namespace files of runners that are gone (NAME-PID with PID dead)."""
+    for entry in root.iterdir():
+        stem = entry.name.removesuffix(".resolv.conf")
+        _, _, pid = stem.rpartition("-")
+        if not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        if not entry.name.endswith(".resolv.conf"):
+            with contextlib.suppress(NetworkError):
+                _run([umount, "--lazy", str(entry)])
+        with contextlib.suppress(OSError):
+            entry.unlink()
+
+
+def probe(root: Path = NETNS_DIR) -> str | None:
+    """None when an instance network can be set up here (one is made and taken down);
+    otherwise why not, in words, with what to do."""
+    network = InstanceNetwork(f"probe{time.monotonic_ns()}", root)
+    try:
+        network.ensure()
+    except NetworkError as exc:
+        return exc.message
+    finally:
+        network.close()
+    return None
