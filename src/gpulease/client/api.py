@@ -8,14 +8,12 @@ bodies and answers are the wire models of gpulease.schemas. All groups share one
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any
-
-import httpx
+from typing import Any, Unpack
 
 from gpulease.client.accounts import AuthAPI, TokensAPI
 from gpulease.client.admin import AdminAPI
 from gpulease.client.autostop import AutostopAPI
-from gpulease.client.base import Transport
+from gpulease.client.base import Transport, TransportOptions
 from gpulease.client.billing import BillingAPI, TeamsAPI
 from gpulease.client.catalog import CatalogAPI, TemplatesAPI
 from gpulease.client.config import TrustedCertificate, resolve_login, trusted_certificate
@@ -32,31 +30,19 @@ from gpulease.client.support import SupportAPI
 class GpuleaseClient:
     """One gpulease server, as one user (or anonymously, for register and login).
 
-    `http` lets tests hand in a Starlette TestClient (an httpx.Client) to run against the
-    ASGI app in process; the caller keeps owning it. Otherwise the client makes its own
-    httpx.Client (with `transport`, if given) and closes it in close().
+    `options` say how to reach it (see Transport): `http`, a Starlette TestClient to run
+    against the ASGI app in process (the caller keeps owning it); `transport`, for the
+    httpx.Client the client makes itself; `timeout`; `trusted`, the certificate pinned for
+    an https server with a self-signed one (client/trust.py).
 
     Every refusal raises ApiError(status, the server's message); no answer at all raises
-    ServerUnreachable naming the URL.
-
-    `trusted`: the certificate pinned for an https server with a self-signed certificate
-    (see client/trust.py); the client then trusts exactly it, and raises CertificateChanged
-    when the server shows another. Without it, certificates are verified as usual.
+    ServerUnreachable naming the URL; a pinned certificate that changed, CertificateChanged.
     """
 
     def __init__(
-        self,
-        server_url: str,
-        token: str | None = None,
-        *,
-        http: httpx.Client | None = None,
-        transport: httpx.BaseTransport | None = None,
-        timeout: float = 30,
-        trusted: TrustedCertificate | None = None,
+        self, server_url: str, token: str | None = None, **options: Unpack[TransportOptions]
     ) -> None:
-        self.api = Transport(
-            server_url, token, http=http, transport=transport, timeout=timeout, trusted=trusted
-        )
+        self.api = Transport(server_url, token, **options)
         self.auth = AuthAPI(self.api)
         self.tokens = TokensAPI(self.api)
         self.catalog = CatalogAPI(self.api)

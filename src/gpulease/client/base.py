@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -77,6 +77,15 @@ class StreamProtocolError(ValueError):
 
 class _Retryable(Exception):
     """A stream answer worth waiting out (a proxy's 502 while the server restarts)."""
+
+
+class TransportOptions(TypedDict, total=False):
+    """How a Transport (and so a GpuleaseClient) reaches the server; see Transport."""
+
+    http: httpx.Client | None
+    transport: httpx.BaseTransport | None
+    timeout: float
+    trusted: TrustedCertificate | None
 
 
 class Transport:
