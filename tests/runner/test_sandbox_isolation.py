@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,9 @@ pytestmark = pytest.mark.skipif(
     BWRAP is None or os.geteuid() != 0, reason="needs bubblewrap and root"
 )
 VENV = Path(sys.prefix)
-UID = instance_uid(7)
+# Far from the ids of instances that real servers on this host may be running.
+INSTANCE_ID = 4_000_000 + os.getpid()
+UID = instance_uid(INSTANCE_ID)
 
 
 def make_sandbox(workspace: Path, network: InstanceNetwork | None = None) -> Sandbox:
@@ -69,7 +72,7 @@ def test_a_job_runs_as_the_instance_uid_without_capabilities(tmp_path: Path) -> 
         "(echo x > /etc/owned) 2>/dev/null && echo etc=WROTE || echo etc=denied",
     )
     lines = out.split()
-    assert lines[0] == lines[1] == str(UID) == str(UID_BASE + 7)
+    assert lines[0] == lines[1] == str(UID) == str(UID_BASE + INSTANCE_ID)
     assert "CapEff:\t0000000000000000" in out and "CapBnd:\t0000000000000000" in out
     assert "NoNewPrivs:\t1" in out
     assert "tmp-ok" in out and "etc=denied" in out
@@ -200,6 +203,42 @@ def test_the_network_keeps_the_host_out_and_goes_with_the_sandbox(tmp_path: Path
     assert not network.path.exists() and not network.resolv_conf.exists()
     with pytest.raises(SandboxError, match="network"):
         jail.command(["true"])
+
+
+def test_closing_kills_what_still_runs_as_the_instance(tmp_path: Path) -> None:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    jail = make_sandbox(workspace)
+    leftover = subprocess.Popen(
+        jail.command(["sleep", "600"]),
+        env=jail.environment(base_environment(os.environ)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not _runs_as(UID):
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.05)
+        jail.close()
+        assert leftover.wait(20) != 0  # its sleep was killed, so bwrap ended
+        assert not _runs_as(UID)
+    finally:
+        leftover.kill()
+        leftover.wait()
+
+
+def _runs_as(uid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        if any(
+            line.startswith("Uid:") and str(uid) in line.split() for line in status.splitlines()
+        ):
+            return True
+    return False
 
 
 def test_rules_allow_dns_to_the_resolvers_only(tmp_path: Path) -> None:
