@@ -205,10 +205,11 @@ def test_the_network_keeps_the_host_out_and_goes_with_the_sandbox(tmp_path: Path
         jail.command(["true"])
 
 
-def test_closing_kills_what_still_runs_as_the_instance(tmp_path: Path) -> None:
+def test_closing_kills_what_is_still_in_the_instance_network(tmp_path: Path) -> None:
     workspace = tmp_path / "workspace"
     workspace.mkdir()
-    jail = make_sandbox(workspace)
+    network = InstanceNetwork("test", root=tmp_path / "netns")
+    jail = make_sandbox(workspace, network)
     leftover = subprocess.Popen(
         jail.command(["sleep", "600"]),
         env=jail.environment(base_environment(os.environ)),
@@ -221,7 +222,7 @@ def test_closing_kills_what_still_runs_as_the_instance(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the job never started"
             time.sleep(0.05)
         jail.close()
-        assert leftover.wait(20) != 0  # its sleep was killed, so bwrap ended
+        assert leftover.wait(20) != 0  # its processes were killed, bwrap with them
         assert not _runs_as(UID)
     finally:
         leftover.kill()
@@ -234,9 +235,8 @@ def _runs_as(uid: int) -> bool:
             status = (entry / "status").read_text() if entry.name.isdigit() else ""
         except OSError:
             continue
-        if any(
-            line.startswith("Uid:") and str(uid) in line.split() for line in status.splitlines()
-        ):
+        uids = [line.split()[1:3] for line in status.splitlines() if line.startswith("Uid:")]
+        if uids and str(uid) in uids[0]:
             return True
     return False
 

@@ -25,6 +25,7 @@ import logging
 import os
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -288,10 +289,12 @@ class InstanceNetwork:
                 raise NetworkError(f"slirp4netns did not come up: {detail or 'no output'}")
 
     def close(self) -> None:
-        """Stop slirp4netns and remove the namespace's file. Processes still inside keep the
-        namespace (without any route out) until they end."""
+        """Kill every process still in the namespace, stop slirp4netns and remove the
+        namespace's file."""
         with self._lock:
             self._closed = True
+            if self._ready:
+                kill_members(self.path)
             self._teardown()
 
     def _teardown(self) -> None:
@@ -316,6 +319,30 @@ class InstanceNetwork:
             except subprocess.TimeoutExpired:
                 self._slirp.kill()
                 self._slirp.wait()
+
+
+def kill_members(namespace: Path, proc: Path = Path("/proc")) -> int:
+    """SIGKILL every process whose network namespace is the one bound at namespace; how
+    many were signalled."""
+    try:
+        target = os.stat(namespace)
+    except OSError:
+        return 0
+    killed = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            info = os.stat(entry / "ns" / "net")
+        except OSError:
+            continue  # gone meanwhile, or a kernel thread
+        if (info.st_dev, info.st_ino) == (target.st_dev, target.st_ino):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+    if killed:
+        log.warning("killed %d process(es) left in %s", killed, namespace)
+    return killed
 
 
 def _remove_stale(root: Path, umount: str) -> None:

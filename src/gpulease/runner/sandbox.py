@@ -24,7 +24,6 @@ import contextlib
 import logging
 import os
 import re
-import signal
 import stat
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -470,13 +469,12 @@ class Sandbox:
 
     def close(self) -> None:
         """Called once the instance's runs, terminals and JupyterLab are stopped: kill
-        whatever still runs as the instance's uid (nothing should: each sandbox's PID
-        namespace ends with its command), then take the instance's network down.
-        Idempotent; a command after close() fails with SandboxError."""
+        whatever is still in the instance's network namespace (nothing should be: each
+        sandbox's PID namespace ends with its command; every process of the instance is in
+        that namespace, and only they are), then take the network down. Idempotent; a
+        command after close() fails with SandboxError."""
         if self.network is not None:
             self.network.close()
-        if self.uid is not None:
-            kill_uid(self.uid)
 
     def _hand_over(self, uid: int) -> None:
         """The workspace tree to uid; the per-run metrics directory and JupyterLab's
@@ -542,28 +540,6 @@ class Sandbox:
         if text == root or text.startswith(root + "/"):
             return WORKSPACE + text[len(root) :]
         return text
-
-
-def kill_uid(uid: int, proc: Path = Path("/proc")) -> int:
-    """SIGKILL every process whose real or effective uid is uid; how many were signalled."""
-    killed = 0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        for line in status.splitlines():
-            if line.startswith("Uid:"):
-                if str(uid) in line.split()[1:3]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(entry.name), signal.SIGKILL)
-                        killed += 1
-                break
-    if killed:
-        log.warning("killed %d leftover process(es) of uid %d", killed, uid)
-    return killed
 
 
 def give_tree(root: Path, uid: int) -> None:
