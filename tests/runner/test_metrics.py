@@ -355,3 +355,12 @@ def test_prepare_run_without_and_with_the_sandbox(tmp_path: Path) -> None:
     ]
     assert str(run_dir) not in argv  # the runner's own directory stays out of sight
     del metrics
+
+
+def test_the_sdk_checks_keys_with_the_protocols_pattern() -> None:
+    """gpulease.track stays standard-library only inside instances, so it carries its own copy
+    of the metric-key pattern; it must be the one the runner and the server use."""
+    from gpulease import track
+    from gpulease.schemas.metrics import METRIC_KEY_PATTERN
+
+    assert track.KEY_PATTERN.pattern == METRIC_KEY_PATTERN.pattern

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import shutil
 import socket
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,9 +26,9 @@ from fastapi.responses import JSONResponse
 
 from gpulease.backends.base import RunnerSpec
 from gpulease.backends.local import LocalBackend
+from gpulease.backends.procfs import read_stat
 from gpulease.core.templates import Template, get_template
 from gpulease.envs.build import ensure_env, env_python
-from gpulease.runner.procfs import read_stat
 
 TOKEN = "runner-token"
 
@@ -45,6 +47,10 @@ class FakeServer:
     exits: dict[int, int] = field(default_factory=dict)
     heartbeats: list[list[int]] = field(default_factory=list)
     url: str = ""
+    socket_path: Path | None = None  # the same server on a Unix socket
+    token: str = TOKEN  # the launch secret until the runner opens its session
+    sessions: list[str] = field(default_factory=list)  # the tokens the runner switched to
+    refused: list[str] = field(default_factory=list)  # paths called with a stale token
 
     def paths(self) -> list[str]:
         return [path for path, _ in self.calls]
@@ -61,9 +67,16 @@ class FakeServer:
 
     async def answer(self, path: str, request: Request) -> Response:
         body = await request.json() if request.method == "POST" else None
-        self.calls.append((path, body))
-        if self.released or request.headers.get("authorization") != f"Bearer {TOKEN}":
+        if self.released:
             return Response(status_code=401)
+        if request.headers.get("authorization") != f"Bearer {self.token}":
+            self.refused.append(path)
+            return Response(status_code=401)
+        if path == "session":  # kept out of calls: the tests below count the protocol's calls
+            self.token = body["token"]
+            self.sessions.append(self.token)
+            return Response(status_code=204)
+        self.calls.append((path, body))
         parts = path.split("/")
         if path == "heartbeat":
             self.heartbeats.append(body["running_runs"])
@@ -99,6 +112,8 @@ class FakeServer:
 @pytest.fixture
 def server() -> Iterator[FakeServer]:
     fake = FakeServer()
+    # AF_UNIX paths are short (108 bytes): a directory of its own right under /tmp.
+    socket_dir = Path(tempfile.mkdtemp(prefix="fake-server-", dir="/tmp"))
     app = FastAPI()
 
     @app.api_route("/runner/v1/{path:path}", methods=["GET", "POST"])
@@ -108,15 +123,20 @@ def server() -> Iterator[FakeServer]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     fake.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    fake.socket_path = socket_dir / "server.sock"
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(str(fake.socket_path))
     config = uvicorn.Config(app, log_level="warning", lifespan="off", ws="none")
     uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock, unix]}, daemon=True)
     thread.start()
     assert wait_until(lambda: uv.started)
     yield fake
     uv.should_exit = True
     thread.join(timeout=10)
     sock.close()
+    unix.close()
+    shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -155,10 +175,16 @@ def start_runner(
     backend = LocalBackend()
     started: list[Started] = []
 
-    def start(template: Template | None = None, gpus: tuple[int, ...] = ()) -> Started:
+    def start(
+        template: Template | None = None,
+        gpus: tuple[int, ...] = (),
+        server_url: str | None = None,
+        server_socket: Path | None = None,
+    ) -> Started:
         spec = RunnerSpec(
             instance_id=9,
-            server_url=server.url,
+            server_url=server_url or server.url,
+            server_socket=server_socket,
             token=TOKEN,
             workspace=tmp_path / "workspace",
             run_dir=tmp_path / "run",
@@ -304,3 +330,69 @@ def test_an_unsafe_workdir_fails_the_instance(
     assert "ready" not in server.paths()
     assert "'..'" in server.body("failed")["reason"]
     assert not (runner.spec.workspace.parent / "escape.py").exists()
+
+
+class Trap:
+    """A listener on a TCP port, as a job could put on the server's port while it restarts:
+    it records every connection and reads what it is sent."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen()
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self.received: list[bytes] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            conn.settimeout(2)
+            try:
+                self.received.append(conn.recv(65536))
+            except OSError:
+                self.received.append(b"")
+            conn.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def test_a_runner_with_the_servers_socket_never_calls_its_tcp_port(
+    server: FakeServer, start_runner: Callable[..., Started]
+) -> None:
+    """server_url names a listener that is not the server: the runner, given the server's
+    Unix socket, sends it nothing (no token, no poll) and serves the instance through the
+    socket."""
+    trap = Trap()
+    try:
+        server.runs = [{"id": 1, "command": "echo over-the-socket", "env": {}}]
+        server.stop_after_exit = True
+        runner = start_runner(server_url=trap.url, server_socket=server.socket_path)
+        runner.wait_exit()
+    finally:
+        trap.close()
+
+    assert trap.received == []
+    assert server.output(1)["stdout"] == "over-the-socket\n"
+    assert server.exits == {1: 0}
+
+
+def test_the_runner_replaces_its_launch_secret_with_a_session_token(
+    server: FakeServer, start_runner: Callable[..., Started]
+) -> None:
+    server.runs = [{"id": 3, "command": "echo hi", "env": {}}]
+    server.stop_after_exit = True
+    runner = start_runner(server_socket=server.socket_path)
+    runner.wait_exit()
+
+    (session,) = server.sessions  # opened once, before anything else
+    assert session != TOKEN and session.startswith("glr_") and len(session) >= 47
+    assert server.refused == []  # every call after it carried the new token
+    assert server.exits == {3: 0}
+    # The session token exists only in the runner's memory: not in its spec, not in its log.
+    assert session not in (runner.spec.run_dir / "spec.json").read_text()
+    assert session not in runner.log()

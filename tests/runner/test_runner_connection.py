@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -97,3 +98,85 @@ def test_download_streams_to_a_file(tmp_path: Path) -> None:
 
     assert response.status_code == 200
     assert target.read_bytes() == b"tarball"
+
+
+class SessionServer:
+    """Knows one token at a time, as the server does (POST /runner/v1/session moves it)."""
+
+    def __init__(self, token: str = "tok") -> None:
+        self.token = token
+        self.lose_next_session_answer = False
+        self.seen: list[tuple[str, str]] = []  # (path, bearer)
+        self.on_heartbeat: Callable[[], None] = lambda: None
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        bearer = request.headers["authorization"].removeprefix("Bearer ")
+        path = request.url.path.removeprefix("/prefix/runner/v1/")
+        self.seen.append((path, bearer))
+        if bearer != self.token:
+            return httpx.Response(401)
+        if path == "session":
+            self.token = json.loads(request.content)["token"]
+            if self.lose_next_session_answer:
+                self.lose_next_session_answer = False
+                raise httpx.ReadError("connection reset", request=request)
+            return httpx.Response(204)
+        if path == "heartbeat":
+            self.on_heartbeat()
+        return httpx.Response(200, json={"action": "continue"})
+
+
+def test_a_session_replaces_the_launch_secret_in_every_later_call() -> None:
+    server = SessionServer()
+    stops: list[str] = []
+    conn = connect(server, stops)
+    conn.open_session()
+
+    assert conn.token != "tok" and conn.token == server.token
+    assert conn.call("POST", "/runner/v1/heartbeat", json={}).status_code == 200
+    assert server.seen[-1] == ("heartbeat", server.token)
+    conn.open_session()  # the server came back: a new session again
+    assert server.seen[-1][0] == "session" and conn.token == server.token
+    assert stops == []
+
+
+def test_a_lost_session_answer_is_recovered_with_the_new_token() -> None:
+    server = SessionServer()
+    server.lose_next_session_answer = True  # the server took it, then the answer was lost
+    conn = connect(server, [])
+    conn.open_session()
+
+    assert conn.token == server.token != "tok"
+    assert [bearer == "tok" for path, bearer in server.seen] == [True, True, False]
+    assert conn.call("POST", "/runner/v1/heartbeat", json={}).status_code == 200
+
+
+def test_a_call_out_during_a_new_session_is_asked_again_with_the_new_token() -> None:
+    server = SessionServer()
+    stops: list[str] = []
+    conns: list[Connection] = []
+
+    def stale_heartbeat(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/heartbeat") and server.token == "tok":
+            # Another thread opens a session while this call is out: its token is retired.
+            rotation = threading.Thread(target=conns[0].open_session)
+            rotation.start()
+            rotation.join()
+            return httpx.Response(401)
+        return server(request)
+
+    conns.append(connect(stale_heartbeat, stops))
+    response = conns[0].call("POST", "/runner/v1/heartbeat", json={})
+
+    assert response.status_code == 200 and stops == [] and not conns[0].gone.is_set()
+    assert server.seen[-1] == ("heartbeat", conns[0].token)
+
+
+def test_a_released_instance_opens_no_session() -> None:
+    server = SessionServer(token="someone-else")
+    stops: list[str] = []
+    conn = connect(server, stops)
+    with pytest.raises(ServerGone):
+        conn.open_session()
+    assert conn.gone.is_set() and len(stops) == 1
+    assert [path for path, _ in server.seen] == ["session", "session"]  # old, then new token

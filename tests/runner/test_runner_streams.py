@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.server import Server, ServerConnection, serve
+from websockets.sync.server import Server, ServerConnection, serve, unix_serve
 
 from gpulease.runner.sandbox import Sandbox, base_environment, probe
 from gpulease.runner.streams import ShellSetup, Streams, shell_environment
@@ -31,11 +33,15 @@ def entries(*items: dict[str, object]) -> list[RunnerStreamEntry]:
 class StandIn:
     """A WebSocket server playing the gpulease server's /runner/v1/streams/{id}."""
 
-    def __init__(self) -> None:
+    def __init__(self, unix_path: Path | None = None) -> None:
+        """On a TCP port of 127.0.0.1, or on the Unix socket unix_path."""
         self.connections: queue.Queue[tuple[str, str, ServerConnection]] = queue.Queue()
         self._stop = threading.Event()
-        self._server: Server = serve(self._handler, "127.0.0.1", 0)
-        self.port = self._server.socket.getsockname()[1]
+        if unix_path is None:
+            self._server: Server = serve(self._handler, "127.0.0.1", 0)
+            self.port = self._server.socket.getsockname()[1]
+        else:
+            self._server = unix_serve(self._handler, str(unix_path))
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
     def _handler(self, ws: ServerConnection) -> None:
@@ -88,7 +94,7 @@ def test_a_terminal_runs_a_shell_on_a_pty_and_reports_its_exit(
     if sandboxed and (reason := probe()) is not None:
         pytest.skip(f"bubblewrap cannot sandbox here: {reason}")
     setup = shell_setup(tmp_path, sandboxed)
-    streams = Streams(f"http://127.0.0.1:{stand_in.port}", TOKEN, shell=lambda: setup)
+    streams = Streams(f"http://127.0.0.1:{stand_in.port}", lambda: TOKEN, shell=lambda: setup)
     item = {"id": "s1", "kind": "terminal", "cols": 77, "rows": 20}
     streams.handle(entries(item, {"id": "x", "kind": "teleport"}))
     streams.handle(entries(item))  # the same id again: not opened twice
@@ -114,9 +120,40 @@ def test_a_terminal_runs_a_shell_on_a_pty_and_reports_its_exit(
         stand_in.connections.get(timeout=0.2)
 
 
+def test_streams_go_over_the_servers_socket_with_the_current_token(
+    stand_in: StandIn, tmp_path: Path
+) -> None:
+    """With the server's Unix socket, a stream never reaches whatever listens at server_url
+    (here the TCP stand-in, playing a job's listener), and carries the token of the moment."""
+    socket_dir = Path(tempfile.mkdtemp(prefix="streams-", dir="/tmp"))  # AF_UNIX: short paths
+    real = StandIn(socket_dir / "server.sock")
+    tokens = iter(["glr_first", "glr_second"])
+    current = next(tokens)
+    try:
+        setup = shell_setup(tmp_path, sandboxed=False)
+        streams = Streams(
+            f"http://127.0.0.1:{stand_in.port}",
+            lambda: current,
+            shell=lambda: setup,
+            server_socket=socket_dir / "server.sock",
+        )
+        streams.handle(entries({"id": "u1", "kind": "terminal"}))
+        path, auth, ws = real.next()
+        assert (path, auth) == ("/runner/v1/streams/u1", "Bearer glr_first")
+        current = next(tokens)  # a new session
+        streams.handle(entries({"id": "u2", "kind": "terminal"}))
+        assert real.next()[:2] == ("/runner/v1/streams/u2", "Bearer glr_second")
+        streams.close()
+        with pytest.raises(queue.Empty):
+            stand_in.connections.get(timeout=0.5)
+    finally:
+        real.close()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
 def test_closing_the_streams_ends_open_terminals(stand_in: StandIn, tmp_path: Path) -> None:
     setup = shell_setup(tmp_path, sandboxed=False)
-    streams = Streams(f"http://127.0.0.1:{stand_in.port}", TOKEN, shell=lambda: setup)
+    streams = Streams(f"http://127.0.0.1:{stand_in.port}", lambda: TOKEN, shell=lambda: setup)
     streams.handle(entries({"id": "s2", "kind": "terminal"}))
     _, _, ws = stand_in.next()
     ws.send(b"echo ready-$((6*7))\r")
@@ -152,7 +189,7 @@ def test_jupyter_streams_pipe_bytes_to_the_socket_or_say_why_not(
 
     setup = shell_setup(tmp_path, sandboxed=False)
     streams = Streams(
-        f"http://127.0.0.1:{stand_in.port}", TOKEN, shell=lambda: setup, jupyter=jupyter
+        f"http://127.0.0.1:{stand_in.port}", lambda: TOKEN, shell=lambda: setup, jupyter=jupyter
     )
     streams.handle(entries({"id": "j1", "kind": "jupyter"}))
     _, _, ws = stand_in.next()

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpulease import doctor
 from gpulease.envs.build import EnvBuildError, ensure_env, env_python
-from gpulease.envs.layer import ensure_layer, layer_executor
+from gpulease.envs.layer import ensure_layer
 from gpulease.envs.snapshot import TaskRunner
 from gpulease.runner.connection import Aborted, Connection, ServerGone, Unreachable
 from gpulease.runner.datasets import DatasetError, links_dir, materialise
@@ -117,6 +117,7 @@ class Agent:
             on_stop=self.request_stop,
             transport=transport,
             server_certificate=spec.server_certificate,
+            server_socket=spec.server_socket,
         )
 
     def request_stop(self, reason: str) -> None:
@@ -138,6 +139,9 @@ class Agent:
 
     def _serve(self) -> int:
         try:
+            # First of all: the spec's launch secret is replaced by a token only this
+            # process holds (runner/connection.py).
+            self.connection.open_session(abort=self._stopping)
             self._env_dir = self._prepare()
             response = self.connection.call(
                 "POST",
@@ -198,11 +202,13 @@ class Agent:
         env_dir = ensure_env(template, self.spec.env_cache, self._status)
         self._status("preparing the workspace")
         self._fetch_workdir()
-        # built in the sandbox as the job: the layer is the job's (envs/layer.py)
-        execute, inside = layer_executor(self.spec, env_dir)
-        self._layer_dir = ensure_layer(env_dir, self.spec.workspace, execute=execute, inside=inside)
         doctor.install(self.spec.run_dir / SDK_DIR)  # `python -m gpulease.doctor` in runs
         self.dataset_dirs = materialise(self.spec, self.connection, self._status)
+        self._env_dir = env_dir
+        with self._lock:
+            jail = self._run_sandbox()
+        # made in the sandbox as the job: the layer is the job's to write (envs/layer.py)
+        self._layer_dir = ensure_layer(env_dir, self.spec.workspace, sandbox=jail)
         self._check_stop()
         return env_dir
 
@@ -278,6 +284,15 @@ class Agent:
                     log.warning("heartbeat not delivered: %s", exc)
                 unreachable = True
             else:
+                if unreachable and response.status_code == 200:
+                    # The server is back (it restarted, or the path was cut): a new session,
+                    # so that a token that could have leaked meanwhile is worth nothing.
+                    try:
+                        self.connection.open_session(abort=self._stopping)
+                    except ServerGone:
+                        return
+                    except Aborted:
+                        pass
                 unreachable = False
                 if response.status_code == 200 and _answer(response, RunnerAction) == RunnerAction(
                     action="stop"
@@ -313,7 +328,7 @@ class Agent:
                         self.connection,
                         self._layer_dir,
                         RUNNER_API,
-                        where=lambda: layer_executor(self.spec, self._env_dir),
+                        sandbox=self._run_sandbox,  # made in _prepare
                     )
                 self._tasks.handle([task.model_dump() for task in commands.tasks])
             elif not self._stopping.is_set():
@@ -394,10 +409,11 @@ class Agent:
         )
         self._streams = Streams(
             self.spec.server_url,
-            self.spec.token,
+            lambda: self.connection.token,
             shell=self._shell,
             jupyter=self._jupyter.ensure,
             server_certificate=self.spec.server_certificate,
+            server_socket=self.spec.server_socket,
         )
 
     def _shell(self) -> ShellSetup:

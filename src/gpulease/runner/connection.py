@@ -1,8 +1,16 @@
-"""The runner's HTTP conversation with the server: bearer token, retries with backoff."""
+"""The runner's HTTP conversation with the server: bearer token, retries with backoff.
+
+The runner reaches a server on its own node through the server's Unix socket
+(RunnerSpec.server_socket), never its TCP port, and replaces the launch secret of its spec
+with a session token of its own at start and whenever the server comes back
+(open_session), so that neither a listener a job put on the port nor a token that leaked
+earlier can speak for it.
+"""
 
 from __future__ import annotations
 
 import logging
+import secrets
 import ssl
 import threading
 import time
@@ -13,6 +21,7 @@ from typing import Any
 import httpx
 
 from gpulease.client.trust import pinned_context
+from gpulease.schemas.runner import RUNNER_API, SESSION_TOKEN_PREFIX, RunnerSession
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +42,22 @@ class Aborted(Exception):
     """Retrying was given up because the caller's abort event was set."""
 
 
+def new_session_token() -> str:
+    return SESSION_TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
 class Connection:
     """Calls under spec.server_url with the instance's token.
 
     With retry (the default) a call is repeated on network errors and 5xx, waiting 0.2 s
     doubling to 5 s, until it gets an answer: every runner call is idempotent. A 401 sets
     `gone`, calls on_stop and raises ServerGone (also in every later call); a 409 calls
-    on_stop and is returned to the caller. Other 4xx are logged and returned.
+    on_stop and is returned to the caller. Other 4xx are logged and returned. A call that
+    went out with a token open_session has replaced since is asked again with the new one.
+
+    server_socket: the server's Unix socket on this node; every request goes there (the URL
+    only names the scheme, Host and TLS name), so nothing listening on the TCP port ever
+    hears from this runner.
     """
 
     def __init__(
@@ -52,19 +70,20 @@ class Connection:
         backoff_start_s: float = BACKOFF_START_S,
         backoff_max_s: float = BACKOFF_MAX_S,
         server_certificate: str | None = None,
+        server_socket: Path | None = None,
     ) -> None:
         # An https server with a self-signed certificate: trust exactly that one (the spec
         # carries it); otherwise verify as usual.
         verify: ssl.SSLContext | bool = (
             pinned_context(server_certificate) if server_certificate else True
         )
+        if transport is None and server_socket is not None:
+            transport = httpx.HTTPTransport(uds=str(server_socket), verify=verify)
         self._client = httpx.Client(
-            base_url=server_url,
-            headers={"Authorization": f"Bearer {token}"},
-            transport=transport,
-            timeout=30.0,
-            verify=verify,
+            base_url=server_url, transport=transport, timeout=30.0, verify=verify
         )
+        self._token = token
+        self._rotation = threading.Lock()  # held while open_session replaces the token
         self._on_stop = on_stop
         self._backoff_start = backoff_start_s
         self._backoff_max = backoff_max_s
@@ -72,6 +91,29 @@ class Connection:
 
     def close(self) -> None:
         self._client.close()
+
+    @property
+    def token(self) -> str:
+        """The token calls carry now (streams use it too)."""
+        return self._token
+
+    def open_session(self, *, abort: threading.Event | None = None) -> None:
+        """Replace the token with a new one that only this process knows (POST /session):
+        the token it had stops working on the server. Retries like call(); a 401 for the
+        old token may mean the server took the new one but its answer got lost, so the new
+        one is tried once before the server counts as gone."""
+        path = f"{RUNNER_API}/session"
+        with self._rotation:
+            fresh = new_session_token()
+            body = RunnerSession(token=fresh).model_dump(mode="json")
+            for bearer in (self._token, fresh):
+                response = self._answer("POST", path, bearer, body, None, 30.0, True, abort)
+                if response.status_code != 401:
+                    break
+            if response.is_success:
+                self._token = fresh
+                return
+        self._judge("POST", path, response)
 
     def call(
         self,
@@ -89,21 +131,59 @@ class Connection:
         """One protocol call. download_to streams a 200 body into that file instead of
         memory (the workdir archive may be large). give_up_after: raise Unreachable once
         that many seconds of retrying passed (None: retry until the server answers)."""
+        while True:
+            bearer = self._token
+            response = self._answer(
+                method,
+                path,
+                bearer,
+                json,
+                params,
+                timeout,
+                retry,
+                abort,
+                download_to,
+                give_up_after,
+            )
+            if response.status_code == 401 and self._settled_token() != bearer:
+                continue  # open_session replaced the token while this call was out
+            return self._judge(method, path, response)
+
+    def _settled_token(self) -> str:
+        """The token once no open_session is under way."""
+        with self._rotation:
+            return self._token
+
+    def _answer(
+        self,
+        method: str,
+        path: str,
+        bearer: str,
+        json: Any,
+        params: dict[str, Any] | None,
+        timeout: float,
+        retry: bool,
+        abort: threading.Event | None,
+        download_to: Path | None = None,
+        give_up_after: float | None = None,
+    ) -> httpx.Response:
+        """The server's first answer that is not worth retrying, unjudged."""
         delay = self._backoff_start
         failures = 0
         deadline = None if give_up_after is None else time.monotonic() + give_up_after
+        headers = {"Authorization": f"Bearer {bearer}"}
         while True:
             if self.gone.is_set():
                 raise ServerGone(f"{method} {path}: the server no longer knows this instance")
             try:
-                response = self._attempt(method, path, json, params, timeout, download_to)
+                response = self._attempt(method, path, headers, json, params, timeout, download_to)
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code not in _RETRY_STATUS:
                     if failures:
                         log.info("server answers again after %d failed attempts", failures)
-                    return self._judge(method, path, response)
+                    return response
                 problem = f"HTTP {response.status_code}"
             if not retry or (deadline is not None and time.monotonic() >= deadline):
                 raise Unreachable(f"{method} {path}: {problem}")
@@ -117,14 +197,19 @@ class Connection:
         self,
         method: str,
         path: str,
+        headers: dict[str, str],
         json: Any,
         params: dict[str, Any] | None,
         timeout: float,
         download_to: Path | None,
     ) -> httpx.Response:
         if download_to is None:
-            return self._client.request(method, path, json=json, params=params, timeout=timeout)
-        with self._client.stream(method, path, params=params, timeout=timeout) as response:
+            return self._client.request(
+                method, path, headers=headers, json=json, params=params, timeout=timeout
+            )
+        with self._client.stream(
+            method, path, headers=headers, params=params, timeout=timeout
+        ) as response:
             if response.status_code == 200:
                 with download_to.open("wb") as out:
                     for block in response.iter_bytes(1024 * 1024):

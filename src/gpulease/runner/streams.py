@@ -25,11 +25,12 @@ import termios
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from websockets.exceptions import WebSocketException
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection, connect, unix_connect
 
 from gpulease.client.trust import pinned_context
 from gpulease.runner.sandbox import Sandbox, SandboxError
@@ -119,19 +120,23 @@ class Streams:
     def __init__(
         self,
         server_url: str,
-        token: str,
+        token: Callable[[], str],
         *,
         shell: Callable[[], ShellSetup],
         jupyter: Callable[[], str] | None = None,
         server_certificate: str | None = None,
+        server_socket: Path | None = None,
     ) -> None:
-        """shell() says how to start a terminal; jupyter() starts JupyterLab if needed and
+        """token() is the runner's token at the moment (it changes with each session);
+        shell() says how to start a terminal; jupyter() starts JupyterLab if needed and
         returns the path of its unix socket (raising RuntimeError with a reason for people
-        when it cannot)."""
+        when it cannot). server_socket: connect there instead of server_url's host and port
+        (runner/connection.py)."""
         parts = urlsplit(server_url)
         scheme = "wss" if parts.scheme == "https" else "ws"
         self._base = urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
         self._token = token
+        self._socket = server_socket
         self._shell = shell
         self._jupyter = jupyter
         self._ssl: ssl.SSLContext | None = None
@@ -170,9 +175,22 @@ class Streams:
             terminal.close()
 
     def _connect(self, stream_id: str) -> ClientConnection:
+        uri = f"{self._base}{RUNNER_API}/streams/{stream_id}"
+        headers = {"Authorization": f"Bearer {self._token()}"}
+        if self._socket is not None:
+            return unix_connect(
+                str(self._socket),
+                uri,
+                additional_headers=headers,
+                ssl=self._ssl,
+                open_timeout=OPEN_TIMEOUT_S,
+                max_size=MAX_FRAME,
+                compression=None,
+                user_agent_header="gpulease-runner",
+            )
         return connect(
-            f"{self._base}{RUNNER_API}/streams/{stream_id}",
-            additional_headers={"Authorization": f"Bearer {self._token}"},
+            uri,
+            additional_headers=headers,
             ssl=self._ssl,
             open_timeout=OPEN_TIMEOUT_S,
             max_size=MAX_FRAME,
