@@ -29,6 +29,7 @@ from pathlib import Path
 
 from gpulease.core.templates import Template
 from gpulease.envs.build import EnvBuildError, ensure_env, env_python
+from gpulease.runner import safefs
 from gpulease.runner.sandbox import JUPYTER_ROOT, WORKSPACE, Sandbox, SandboxError
 from gpulease.runner.streams import connect_unix
 
@@ -47,6 +48,7 @@ TOOLS_TEMPLATE = Template(
 START_TIMEOUT_S = 120.0
 SOCKET_NAME = "lab.sock"
 LOG_NAME = "jupyterlab.log"
+LOG_TAIL_BYTES = 16 * 1024
 STOP_GRACE_S = 5.0
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 _KERNEL_CODE = (
@@ -170,11 +172,13 @@ class JupyterLab:
             self._dir = Path(tempfile.mkdtemp(prefix="gpulease-jupyter-"))
         self.socket_path.unlink(missing_ok=True)
         inside = JUPYTER_ROOT if sandbox is not None else str(self._dir)
-        share = self._dir / "share"
-        kernel_dir = share / "kernels" / "python3"
-        kernel_dir.mkdir(parents=True, exist_ok=True)
         spec = kernelspec(str(env_python(instance_env)), str(site_packages(tools)))
-        (kernel_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+        # the directory is the job's to write too: no link of its may be followed
+        kernel = json.dumps(spec, indent=1).encode()
+        try:
+            safefs.write_replace(self._dir, "share/kernels/python3/kernel.json", kernel)
+        except OSError as exc:
+            raise RuntimeError(f"JupyterLab's files cannot be written: {exc}") from exc
         argv = [
             str(env_python(tools)),
             "-m",
@@ -209,7 +213,11 @@ class JupyterLab:
                 argv = sandbox.command(argv)
             except SandboxError as exc:
                 raise RuntimeError(exc.message) from exc
-        with open(self._dir / LOG_NAME, "ab") as out:
+        try:
+            log_fd = safefs.open_append(self._dir, LOG_NAME)
+        except OSError as exc:
+            raise RuntimeError(f"JupyterLab's log cannot be written: {exc}") from exc
+        with os.fdopen(log_fd, "ab") as out:
             self._process = self._launcher.popen(
                 argv,
                 cwd=cwd,
@@ -244,8 +252,12 @@ class JupyterLab:
         return True
 
     def _log_tail(self, lines: int = 15) -> str:
+        """The log's last lines, read as the job's file it is (JupyterLab runs as the job and
+        the directory is writable to it): never through a link, never a FIFO, at most
+        LOG_TAIL_BYTES of it."""
         try:
-            text = (self._dir / LOG_NAME).read_text(errors="replace")
+            data = safefs.read_tail(self._dir, LOG_NAME, limit=LOG_TAIL_BYTES, single_link=True)
         except OSError:
             return "(no log)"
+        text = data.decode("utf-8", errors="replace")
         return "\n".join(text.splitlines()[-lines:])

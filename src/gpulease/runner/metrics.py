@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpulease.gpus.sampling import GpuReading, GpuSampler, real_uuids
+from gpulease.runner import safefs
 from gpulease.runner.connection import Connection, ServerGone, Unreachable
 from gpulease.runner.sandbox import METRICS_ROOT, SDK_ROOT, Sandbox
 from gpulease.runner.tensorboard import EventDirectoryWatcher
@@ -42,6 +42,7 @@ MAX_POINTS_PER_REQUEST = 5000
 TENSORBOARD_POLL_S = 1.0
 MAX_LINE_CHARS = 4096  # a longer stdout line is not a metrics line
 MAX_SDK_LINE_BYTES = 1024 * 1024
+MAX_READ_BYTES = 16 * 1024 * 1024  # of the SDK file per collect()
 SDK_DIR = "sdk"  # under the runner's run_dir: gpulease/{__init__,track}.py
 METRICS_DIR = "metrics"  # under run_dir: one directory per run, holding SDK_FILE
 SDK_FILE = "sdk.jsonl"
@@ -235,19 +236,12 @@ class SdkFileReader:
 
 
 def _read_regular(path: Path, offset: int) -> bytes:
-    """A regular file's bytes from offset, never through a symlink: the job can write the
-    directory and could point a link at the runner's own files."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return b""
-        os.lseek(fd, offset, os.SEEK_SET)
-        parts = []
-        while block := os.read(fd, 1024 * 1024):
-            parts.append(block)
-        return b"".join(parts)
-    finally:
-        os.close(fd)
+    """At most MAX_READ_BYTES of a regular file from offset (the rest is read next time),
+    never through a symlink, a FIFO or a second hard link (runner/safefs.py): the job can
+    write the directory and could point a link at the runner's own files."""
+    return safefs.read_bytes(
+        path.parent, path.name, limit=MAX_READ_BYTES, offset=offset, single_link=True
+    )
 
 
 # -- one run -----------------------------------------------------------------------------------

@@ -22,10 +22,12 @@ import contextlib
 import errno
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -203,13 +205,14 @@ def read_text(
 def write_replace(
     root: Path | int,
     relative: str | PurePosixPath | Path,
-    data: bytes,
+    data: bytes | IO[bytes],
     mode: int = 0o644,
     *,
     create_dirs: bool = True,
 ) -> None:
-    """Make root/relative a regular file holding data: written to a fresh file beside it,
-    then renamed over it (a link or FIFO there is replaced, never followed)."""
+    """Make root/relative a regular file holding data (bytes, or a stream read to its end):
+    written to a fresh file beside it, then renamed over it (a link or FIFO there is
+    replaced, never followed)."""
     directories, name = _split(relative)
     parent = open_dir(root, "/".join(directories), create=create_dirs)
     try:
@@ -219,7 +222,10 @@ def write_replace(
         )
         try:
             with os.fdopen(fd, "wb", closefd=False) as out:
-                out.write(data)
+                if isinstance(data, bytes):
+                    out.write(data)
+                else:
+                    shutil.copyfileobj(data, out, _BLOCK)
             os.fchmod(fd, mode)
         except BaseException:
             os.unlink(temporary, dir_fd=parent)

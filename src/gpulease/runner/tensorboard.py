@@ -20,11 +20,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpulease.runner import safefs
 
 log = logging.getLogger(__name__)
 
@@ -258,19 +259,24 @@ def decode_event(data: bytes) -> list[Scalar]:
 class EventFileReader:
     """Reads one event file incrementally: each read_new() returns the scalars of the
     records completed since the last call. A partial last record is left for later; a
-    record whose data does not match its CRC is skipped; broken framing stops the file."""
+    record whose data does not match its CRC is skipped; broken framing stops the file.
 
-    def __init__(self, path: Path, offset: int = 0) -> None:
+    The file is the job's: it is opened beneath root (its directory unless given) without
+    following any link on the way (runner/safefs.py), and only when it is a regular file."""
+
+    def __init__(self, path: Path, offset: int = 0, *, root: Path | None = None) -> None:
         self.path = path
         self.offset = offset
         self.broken = False
         self.records = 0
+        self._root = root or path.parent
+        self._relative = path.relative_to(self._root)
 
     def read_new(self) -> list[Scalar]:
         scalars: list[Scalar] = []
         while not self.broken:
             try:
-                data, size = _read_from(self.path, self.offset, READ_BYTES)
+                data, size = _read_from(self._root, self._relative, self.offset, READ_BYTES)
             except OSError as exc:
                 log.debug("event file %s cannot be read: %s", self.path, exc)
                 break
@@ -315,45 +321,31 @@ class EventFileReader:
         return pos
 
 
-def _read_from(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
-    """Up to limit bytes of a regular file from offset, and the file's size; never through
-    a symlink (the job owns the workspace and could point one at the runner's own files)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+def _read_from(root: Path, relative: Path, offset: int, limit: int) -> tuple[bytes, int]:
+    """Up to limit bytes of the regular file root/relative from offset, and the file's
+    size; never through a symlink at any component (the job owns the workspace and could
+    point one at the runner's own files or another instance's), never a FIFO."""
+    fd = safefs.open_file(root, relative)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return b"", 0
-        os.lseek(fd, offset, os.SEEK_SET)
-        parts = []
-        left = limit
-        while left > 0 and (block := os.read(fd, min(left, 1024 * 1024))):
-            parts.append(block)
-            left -= len(block)
-        return b"".join(parts), max(info.st_size, offset + limit - left)
+        size = os.fstat(fd).st_size
+        data = safefs.read_fd(fd, limit, offset)
+        return data, max(size, offset + len(data))
     finally:
         os.close(fd)
 
 
-def find_event_files(root: Path) -> dict[Path, int]:
-    """Every event file under root with its size, without following symlinks."""
+def find_event_files(root: Path, *, beneath: Path | None = None) -> dict[Path, int]:
+    """Every event file under root with its size. Nothing is followed: not a link at root
+    itself nor at any directory under it, down from beneath (root's parent unless given,
+    a directory the runner trusts, such as the workspace)."""
+    top = beneath or root.parent
     found: dict[Path, int] = {}
-    stack = [root]
-    while stack:
-        directory = stack.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
-                elif entry.name.startswith(EVENT_FILE_PREFIX) and entry.is_file(
-                    follow_symlinks=False
-                ):
-                    found[Path(entry.path)] = entry.stat(follow_symlinks=False).st_size
-            except OSError:
-                continue
+    try:
+        for entry in safefs.walk(top, root.relative_to(top)):
+            if entry.name.startswith(EVENT_FILE_PREFIX):
+                found[root / entry.relative] = entry.stat.st_size
+    except (OSError, ValueError):
+        pass  # no such directory, or a link where it should be
     return found
 
 
@@ -381,20 +373,23 @@ class EventDirectoryWatcher:
     """The event files written under root since the watcher was made (files there before
     are read only from their size then on): poll() returns (metric key, scalar) pairs."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, beneath: Path | None = None) -> None:
+        """beneath: where nothing is followed from (root's parent unless given)."""
         self.root = root
+        self._beneath = beneath or root.parent
         self._readers: dict[Path, EventFileReader] = {}
-        self._before = find_event_files(root)
+        self._before = find_event_files(root, beneath=self._beneath)
 
     def poll(self) -> list[tuple[str, Scalar]]:
         out: list[tuple[str, Scalar]] = []
-        for path, size in find_event_files(self.root).items():
+        for path, size in find_event_files(self.root, beneath=self._beneath).items():
             reader = self._readers.get(path)
             if reader is None:
                 before = self._before.get(path, 0)
                 if size <= before:
                     continue
-                reader = self._readers[path] = EventFileReader(path, before)
+                reader = EventFileReader(path, before, root=self._beneath)
+                self._readers[path] = reader
             elif size <= reader.offset:
                 continue
             out += [(metric_key(self.root, path, s.tag), s) for s in reader.read_new()]
