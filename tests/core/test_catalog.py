@@ -59,3 +59,12 @@ def test_accelerator_strings() -> None:
     for bad in ("T4:0", "T4:-1", "T4:two", ":1"):
         with pytest.raises(InvalidInput):
             parse_accelerators(bad)
+
+
+def test_a_gpu_count_is_ascii_digits_and_at_most_1024() -> None:
+    from gpulease.core.catalog import MAX_GPU_COUNT, parse_accelerators
+
+    assert parse_accelerators(f"T4:{MAX_GPU_COUNT}") == ("T4", MAX_GPU_COUNT)
+    for text in (f"T4:{MAX_GPU_COUNT + 1}", "T4:18446744073709551616", "T4:٣", "T4:²"):
+        with pytest.raises(InvalidInput, match="T4"):
+            parse_accelerators(text)

@@ -161,6 +161,9 @@ def load_catalog(path: Path | None) -> Catalog:
     return parse_catalog(default_pricing_text())
 
 
+MAX_GPU_COUNT = 1024  # more than any one node or cluster here holds; larger is a typo
+
+
 def parse_accelerators(text: str | None) -> tuple[str, int]:
     """'A100-80GB:4' -> ('A100-80GB', 4); 'T4' -> ('T4', 1); None/'' / 'CPU' -> ('CPU', 0).
 
@@ -174,6 +177,8 @@ def parse_accelerators(text: str | None) -> tuple[str, int]:
     if not sep:
         return name, 1
     try:
+        if not count_text.isascii():  # int() would read '٣' as 3
+            raise ValueError(count_text)
         count = int(count_text)
     except ValueError:
         raise InvalidInput(
@@ -183,4 +188,6 @@ def parse_accelerators(text: str | None) -> tuple[str, int]:
         raise InvalidInput(
             f"{text!r}: the GPU count must be at least 1; for a CPU-only instance leave --gpu out"
         )
+    if count > MAX_GPU_COUNT:
+        raise InvalidInput(f"{text!r}: ask for at most {MAX_GPU_COUNT} GPUs, e.g. {name}:8")
     return name, count

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from gpulease.schemas.base import Model
+from gpulease.schemas.base import Id, Model
 
 
 class AutostopUpdate(BaseModel):
@@ -19,7 +19,7 @@ class AutostopUpdate(BaseModel):
     max_runtime_minutes: int | None = Field(
         default=None, description="stop after running this long"
     )
-    stop_after_run: int | None = Field(default=None, description="stop when this run ends")
+    stop_after_run: Id | None = Field(default=None, description="stop when this run ends")
 
 
 class AutostopPublic(BaseModel):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 
 class OffPeakCreate(BaseModel):
@@ -29,6 +29,14 @@ class VoucherCreate(BaseModel):
     expires_at: datetime | None = None
     max_redemptions: int = 1
     per_user_limit: int = 1
+
+    @field_validator("expires_at")
+    @classmethod
+    def _utc_unless_said(cls, value: datetime | None) -> datetime | None:
+        """An expiry without a zone ('2026-12-31T23:59') is UTC."""
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
 
 
 class VoucherPublic(BaseModel):

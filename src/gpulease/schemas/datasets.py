@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from gpulease.schemas.base import Model
+from gpulease.schemas.base import Count, Model
 
 
 class DatasetPublic(Model):
@@ -63,13 +63,13 @@ class DatasetList(BaseModel):
 
 class DatasetUploadCreate(BaseModel):
     name: str = Field(max_length=1000)  # the service says what a valid name is
-    files: int = Field(ge=0)
-    bytes: int = Field(ge=0)
+    files: Count
+    bytes: Count
 
 
 class DatasetFileEntry(BaseModel):
     path: str = Field(max_length=4096)
-    size: int = Field(ge=0)
+    size: Count
     chunks: list[str] = Field(max_length=1_000_000)
     """SHA-256 (hex) of each 4 MiB chunk, in order; none for an empty file."""
 
@@ -90,9 +90,9 @@ class DatasetChunksReceived(BaseModel):
 
 
 class DatasetCommit(BaseModel):
-    parts: int = Field(ge=0)
-    files: int = Field(ge=0)
-    bytes: int = Field(ge=0)
+    parts: Count
+    files: Count
+    bytes: Count
 
 
 class DatasetRemoved(BaseModel):

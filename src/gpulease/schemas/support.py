@@ -6,6 +6,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from gpulease.schemas.base import Id
+
 
 class SupportMessagePublic(BaseModel):
     id: int
@@ -38,7 +40,7 @@ class SupportTicketCreate(BaseModel):
     body: str = ""
     # The instance's name or id, and a run of yours; attach_log adds the run's last lines.
     instance: str | None = Field(default=None, max_length=64)
-    run_id: int | None = None
+    run_id: Id | None = None
     attach_log: bool = False
 
 

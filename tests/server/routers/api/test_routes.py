@@ -57,3 +57,34 @@ def test_parse_id_takes_ascii_digits_within_64_bits() -> None:
     assert parse_id(str(MAX_ID)) == MAX_ID
     for text in (HUGE, "²", "٣", "-1", "+1", " 1", "0", "", "1.0"):
         assert parse_id(text) is None, text
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/api/v1/support/tickets", {"subject": "s", "body": "b", "run_id": 2**64}),
+        ("PUT", "/api/v1/instances/1/autostop", {"stop_after_run": 2**64}),
+        ("POST", "/api/v1/datasets/x/pushes", {"name": "x", "files": 2**64, "bytes": 1}),
+        ("POST", "/api/v1/instances", {"gpu": f"T4:{2**64}"}),
+    ],
+)
+def test_a_number_too_large_for_the_database_in_a_body_is_a_422(
+    ann: Caller, method: str, path: str, body: dict[str, object]
+) -> None:
+    r = ann.http.request(method, path, json=body, headers=ann.headers)
+    assert r.status_code == 422, r.text
+
+
+def test_a_cron_that_names_no_real_date_is_refused(ann: Caller) -> None:
+    iid = ann.post("/api/v1/instances", json={"gpu": "T4:1"}).json()["id"]
+    r = ann.post(
+        f"/api/v1/instances/{iid}/schedules", json={"action": "stop", "cron": "0 0 31 2 *"}
+    )
+    assert r.status_code == 422 and "31 February" in r.json()["detail"]
+
+
+def test_a_voucher_expiry_without_a_zone_is_utc(admin: Caller) -> None:
+    body = {"amount": "1", "expires_at": "2999-12-31T23:59:00"}
+    r = admin.post("/api/v1/admin/vouchers", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["expires_at"].startswith("2999-12-31T23:59:00")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -57,7 +57,14 @@ def check_cron(expr: str) -> str:
             f"{expr!r} is not a cron expression: write five fields, minute hour "
             f"day-of-month month day-of-week, e.g. {CRON_EXAMPLE}"
         )
-    return " ".join(fields)
+    normal = " ".join(fields)
+    try:  # '0 0 31 2 *' is valid cron that names no date that exists
+        croniter(normal, datetime(2000, 1, 1)).get_next(datetime)
+    except CroniterBadDateError:
+        raise InvalidInput(
+            f"{expr!r} names no date that exists (such as 31 February); e.g. {CRON_EXAMPLE}"
+        ) from None
+    return normal
 
 
 def next_fire(cron: str, zone_name: str, after: datetime) -> datetime:
