@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -216,28 +217,68 @@ def _dumped_rows(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def _write_tar(target: Path, sources: list[tuple[Path, str]], advance: Advance) -> int:
-    """Archive sources (path, name in the archive), files, links and directories only."""
+    """Archive sources (path, name in the archive): regular files, directories, symbolic
+    links (as links) and hard links; FIFOs, sockets and devices are left out.
+
+    Workspaces are written by jobs, so nothing here follows a link or trusts a name: a tree
+    is walked through directory descriptors (os.fwalk, which skips a directory swapped for
+    a link), and each file is opened relative to its directory without following a link
+    or blocking on a FIFO, then described from the open descriptor (what is archived is
+    what was opened, whatever is at that name by then)."""
     with tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as tar:
         for source, name in sources:
-            for path, arcname in _walk(source, name):
-                info = tar.gettarinfo(path, arcname)
-                if info.isreg():
-                    with path.open("rb") as data:
-                        tar.addfile(info, data)
-                    advance(info.size)
-                elif info.isdir() or info.issym() or info.islnk():
-                    tar.addfile(info)
+            parent = os.open(source.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                if _add_entry(tar, parent, source.name, name, advance):
+                    for directory, dirs, files, dir_fd in os.fwalk(source, follow_symlinks=False):
+                        dirs.sort()
+                        rel = Path(directory).relative_to(source)
+                        for entry in sorted(dirs) + sorted(files):
+                            _add_entry(tar, dir_fd, entry, str(Path(name) / rel / entry), advance)
+            finally:
+                os.close(parent)
     return target.stat().st_size
 
 
-def _walk(source: Path, name: str) -> Iterator[tuple[Path, str]]:
-    yield source, name
-    if source.is_dir() and not source.is_symlink():
-        for root, dirs, files in os.walk(source):
-            dirs.sort()
-            rel = Path(root).relative_to(source)
-            for entry in sorted(dirs) + sorted(files):
-                yield Path(root) / entry, str(Path(name) / rel / entry)
+def _add_entry(
+    tar: tarfile.TarFile, dir_fd: int, entry: str, arcname: str, advance: Advance
+) -> bool:
+    """Add entry of the directory dir_fd as arcname; True when it is a real directory."""
+    try:
+        info = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False  # gone meanwhile
+    if stat.S_ISDIR(info.st_mode):
+        tar.addfile(_tarinfo(arcname, info, tarfile.DIRTYPE))
+        return True
+    if stat.S_ISLNK(info.st_mode):
+        member = _tarinfo(arcname, info, tarfile.SYMTYPE)
+        member.linkname = os.readlink(entry, dir_fd=dir_fd)
+        tar.addfile(member)
+    elif stat.S_ISREG(info.st_mode):
+        try:
+            fd = os.open(
+                entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+            )
+        except OSError:
+            return False  # swapped for a link or a FIFO since: left out
+        with os.fdopen(fd, "rb") as data:
+            member = tar.gettarinfo(arcname=arcname, fileobj=data)
+            if member.isreg():
+                tar.addfile(member, data)
+                advance(member.size)
+            elif member.islnk():  # a second name of a file already archived
+                tar.addfile(member)
+    return False
+
+
+def _tarinfo(arcname: str, info: os.stat_result, kind: bytes) -> tarfile.TarInfo:
+    member = tarfile.TarInfo(arcname)
+    member.type = kind
+    member.mode = stat.S_IMODE(info.st_mode)
+    member.mtime = int(info.st_mtime)
+    member.uid, member.gid = info.st_uid, info.st_gid
+    return member
 
 
 def _public_settings(settings: Settings) -> dict[str, Any]:
