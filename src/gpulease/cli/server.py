@@ -69,11 +69,11 @@ def server(
     port: Annotated[int | None, typer.Option("--port", help="default: GPULEASE_PORT")] = None,
 ) -> None:
     """Run the gpulease server here (settings from GPULEASE_* environment variables)."""
-    import uvicorn
     from sqlalchemy.exc import SQLAlchemyError
 
     from gpulease.server.app import create_app
     from gpulease.server.isolation import UNSANDBOXED_WARNING
+    from gpulease.server.runner_socket import serve
     from gpulease.server.runtime import build_runtime
     from gpulease.server.settings import Settings
     from gpulease.server.tls import prepare_tls
@@ -123,11 +123,11 @@ def server(
     https: dict[str, Any] = (
         {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)} if tls else {}
     )
-    uvicorn.run(
+    # uvicorn on settings.host:port and on the runners' Unix socket (server/runner_socket.py)
+    serve(
         app,
+        settings,
         **https,
-        host=settings.host,
-        port=settings.port,
         log_level="warning",
         access_log=False,
         # Followers of live logs hold their stream open for as long as the run lasts; on
