@@ -3,7 +3,9 @@ files and a link swapped in after a check are refused, and nothing outside chang
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import threading
 from pathlib import Path
 
@@ -190,14 +192,35 @@ def test_racing_directory_swaps_never_reach_outside(workspace: Path, canary: Pat
                 seen.add(safefs.read_bytes(workspace, "real/secret.txt", limit=100))
             except (UnsafePath, FileNotFoundError):
                 seen.add(b"refused")
-            try:
+            with contextlib.suppress(UnsafePath, FileNotFoundError):
                 safefs.write_replace(
                     workspace, "real/secret.txt", b"job's own\n", create_dirs=False
                 )
-            except (UnsafePath, FileNotFoundError):
-                pass
     finally:
         stop.set()
         thread.join()
     assert seen <= {b"job's own\n", b"refused"}
     assert untouched(canary)
+
+
+def test_connect_unix_refuses_a_link_to_another_socket(tmp_path: Path) -> None:
+    """JupyterLab's socket lies in a directory the job writes: a link there to another
+    instance's socket must not be connected to; a real socket is, however long its path."""
+    other = tmp_path / "o"
+    other.mkdir()
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(other / "lab.sock"))
+        server.listen()
+        deep = tmp_path / ("d" * 120)
+        deep.mkdir()
+        (deep / "lab.sock").symlink_to(other / "lab.sock")
+        with socket.socket(socket.AF_UNIX) as client, pytest.raises(UnsafePath):
+            safefs.connect_unix(client, deep / "lab.sock")
+        (deep / "lab.sock").unlink()
+        (deep / "lab.sock").write_text("not a socket")
+        with socket.socket(socket.AF_UNIX) as client, pytest.raises(UnsafePath):
+            safefs.connect_unix(client, deep / "lab.sock")
+        (deep / "lab.sock").unlink()
+        os.link(other / "lab.sock", deep / "lab.sock")  # the same socket, a long path
+        with socket.socket(socket.AF_UNIX) as client:
+            safefs.connect_unix(client, deep / "lab.sock")

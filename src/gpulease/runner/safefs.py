@@ -23,6 +23,7 @@ import errno
 import os
 import secrets
 import shutil
+import socket
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -316,3 +317,23 @@ def open_entry(entry: Entry, *, single_link: bool = False) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def connect_unix(sock: socket.socket, path: str | Path) -> None:
+    """Connect sock to the unix socket at path, whose last component lies in a directory
+    the job can write (JupyterLab's): a link there would make the runner connect wherever
+    it points (another instance's socket), so the socket itself is opened O_PATH without
+    following it, checked to be a socket, and connected to through its descriptor (which
+    also lifts sun_path's 108-byte limit on the path)."""
+    directory, name = os.path.split(str(path))
+    parent = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    finally:
+        os.close(parent)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise UnsafePath(f"{path} is not a socket (a link or another file); refused")
+        sock.connect(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)

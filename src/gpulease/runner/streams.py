@@ -33,6 +33,7 @@ from websockets.exceptions import WebSocketException
 from websockets.sync.client import ClientConnection, connect, unix_connect
 
 from gpulease.client.trust import pinned_context
+from gpulease.runner import safefs
 from gpulease.runner.sandbox import Sandbox, SandboxError
 from gpulease.schemas.runner import RUNNER_API, RunnerStreamEntry
 
@@ -294,16 +295,9 @@ class Streams:
 
 
 def connect_unix(sock: socket.socket, path: str) -> None:
-    """Connect to a unix socket whose path may be longer than sun_path allows, through
-    its directory's descriptor."""
-    if len(path.encode()) < 100:
-        sock.connect(path)
-        return
-    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        sock.connect(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
-    finally:
-        os.close(fd)
+    """Connect to a unix socket whose path may be longer than sun_path allows, never
+    through a link the job put at its name (runner/safefs.py)."""
+    safefs.connect_unix(sock, path)
 
 
 def _pump_socket(sock: socket.socket, ws: ClientConnection) -> None:
