@@ -132,8 +132,12 @@ def test_terminal_and_jupyterlab_in_the_browser_for_the_owner_only(
     assert "gpulease_session" not in sent_to_lab and "gpulease_jupyter" in sent_to_lab
     sent_to_console = {c["name"] for c in ann.cookies([f"{platform.url}/"])}
     assert "gpulease_session" in sent_to_console and "gpulease_jupyter" not in sent_to_console
-    status = ann.request.get(f"{lab_origin}/instances/{instance_id}/jupyter/api/status")
-    assert status.status == 200 and "started" in json.loads(status.text())
+    # (from the page: Playwright's own HTTP client does not resolve *.localhost as browsers do)
+    status = lab.evaluate(
+        "async (url) => { const r = await fetch(url); return [r.status, await r.text()]; }",
+        f"/instances/{instance_id}/jupyter/api/status",
+    )
+    assert status[0] == 200 and "started" in json.loads(status[1])
     # script in a notebook's output, as an attacker's job would write it: it cannot mint a
     # token with the owner's console cookie, nor reach the console through the lab's host
     attempts = lab.evaluate(
@@ -169,8 +173,6 @@ def test_terminal_and_jupyterlab_in_the_browser_for_the_owner_only(
         response = other.goto(f"{platform.url}/instances/{instance_id}/{path}")
         assert response is not None and response.status == 404, path
     shot(other, "terminal-other-user-404.png")
-    response = other.goto(f"{lab_origin}/instances/{instance_id}/jupyter/lab")
-    assert response is not None and response.status == 401  # no cookie of that host
     closed = other.evaluate(
         """(url) => new Promise((resolve) => {
           const ws = new WebSocket(url);
@@ -180,3 +182,6 @@ def test_terminal_and_jupyterlab_in_the_browser_for_the_owner_only(
         f"{platform.url.replace('http', 'ws')}/instances/{instance_id}/terminal/ws",
     )
     assert closed.startswith("closed")
+    # nor the owner's JupyterLab at its own origin: bob has no cookie of that host
+    response = other.goto(f"{lab_origin}/instances/{instance_id}/jupyter/lab")
+    assert response is not None and response.status == 401
