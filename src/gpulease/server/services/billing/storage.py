@@ -19,22 +19,17 @@ SECONDS_PER_DAY = 86_400
 
 
 def tree_kib(path: Path) -> int:
-    """Disk space a directory tree takes, in KiB (allocated blocks; links not followed)."""
+    """Disk space a directory tree takes, in KiB (allocated blocks; links not followed).
+    A workspace is its jobs' to change while it is measured: the tree is walked through
+    directory descriptors (os.fwalk), so a directory swapped for a link is not entered."""
     total = 0
-    stack = [path]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for entry in entries:
+    for _, dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
+        for name in dirs + files:
             try:
-                st = entry.stat(follow_symlinks=False)
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except OSError:
                 continue
             total += st.st_blocks * 512
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(Path(entry.path))
     return -(-total // 1024)
 
 
