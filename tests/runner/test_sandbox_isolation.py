@@ -241,6 +241,35 @@ def _runs_as(uid: int) -> bool:
     return False
 
 
+def test_an_address_the_host_gets_later_is_refused_to_new_processes(tmp_path: Path) -> None:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    network = InstanceNetwork("test", root=tmp_path / "netns")
+    jail = make_sandbox(workspace, network)
+    dummy = f"gpld{os.getpid() % 100000}"
+    address = "198.51.100.77"  # outside the private ranges: refused only as the host's
+    try:
+        run_in(jail, "true")  # the network is up before the host has the address
+        peer = dummy.replace("gpld", "gple")
+        subprocess.run(
+            ["ip", "link", "add", dummy, "type", "veth", "peer", "name", peer], check=True
+        )
+        subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", dummy], check=True)
+        subprocess.run(["ip", "link", "set", dummy, "up"], check=True)
+        with socket.socket() as listener:
+            listener.bind((address, 0))
+            listener.listen()
+            port = listener.getsockname()[1]
+            out = run_in(
+                jail,
+                f"(exec 3<>/dev/tcp/{address}/{port}) 2>/dev/null && echo REACHED || echo refused",
+            )
+        assert out.strip() == "refused"
+    finally:
+        subprocess.run(["ip", "link", "del", dummy], check=False, capture_output=True)
+        jail.close()
+
+
 def test_rules_allow_dns_to_the_resolvers_only(tmp_path: Path) -> None:
     resolv = tmp_path / "resolv.conf"
     resolv.write_text("search lab.example\nnameserver 10.255.255.53\nnameserver ::1\n")

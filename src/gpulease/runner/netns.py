@@ -198,6 +198,7 @@ class InstanceNetwork:
         self._exit_write = -1
         self._ready = False
         self._closed = False
+        self._addresses: list[str] = []  # the host addresses the rules refuse now
 
     def enter_args(self) -> list[str]:
         """The argv prefix that runs a command in this namespace (set up first if need be);
@@ -211,6 +212,7 @@ class InstanceNetwork:
             if self._closed:
                 raise NetworkError("the instance is stopping: its network is closed")
             if self._ready:
+                self._refresh_rules()
                 return
             try:
                 self._create()
@@ -239,10 +241,26 @@ class InstanceNetwork:
                 "local directory, such as the default /run/gpulease/netns"
             ) from exc
         _run([tools["unshare"], f"--net={self.path}", "true"])
-        rules = ruleset(host_addresses(), host_nameservers())
-        _run([tools["nsenter"], f"--net={self.path}", "--", tools["nft"], "-f", "-"], stdin=rules)
+        self._load_rules(host_addresses())
         self._start_slirp(tools["slirp4netns"])
         log.info("network %s is up (slirp4netns pid %d)", self.path, self._pid())
+
+    def _load_rules(self, addresses: list[str]) -> None:
+        """Replace the namespace's rules at once (`flush ruleset` and the new table are one
+        nft transaction: there is no moment without rules)."""
+        rules = ruleset(addresses, host_nameservers())
+        nft = find_tool("nft") or "nft"
+        nsenter = find_tool("nsenter") or "nsenter"
+        _run([nsenter, f"--net={self.path}", "--", nft, "-f", "-"], stdin=rules)
+        self._addresses = addresses
+
+    def _refresh_rules(self) -> None:
+        """Before each new process: refuse the host's addresses as they are now (one added
+        since the network came up, a new interface's, must not stay reachable)."""
+        addresses = host_addresses()
+        if addresses != self._addresses:
+            log.info("the host's addresses changed; reloading the rules of %s", self.path)
+            self._load_rules(addresses)
 
     def _pid(self) -> int:
         return self._slirp.pid if self._slirp is not None else 0
