@@ -158,7 +158,7 @@ RunnerToken = Annotated[str, Depends(runner_token)]
 RunnerInstance = Annotated[Instance, Depends(_runner_instance, scope="function")]
 DetachedRunnerInstance = Annotated[Instance, Depends(_detached_runner_instance)]
 
-# Every integer id in a path or query: a value a database column can hold, so that a huge one
-# is a 422 rather than an overflow inside the driver.
+# Every integer id in a path or query: a value an id column holds (core.ids.MAX_ID), so that a
+# huge one is a 422 rather than an overflow inside the database driver.
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 IdQuery = Annotated[int, Query(ge=1, le=MAX_ID)]

@@ -8,6 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import Conflict, InvalidInput, NotFound
+from gpulease.core.ids import MAX_ID
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, LogChunk, Run, User
 from gpulease.server.services import notifications
@@ -67,7 +68,9 @@ def list_runs(
 
 
 def read_logs(session: Session, run: Run, after: int = -1, limit: int = 1000) -> list[LogChunk]:
-    """Chunks with seq > after, in order."""
+    """Chunks with seq > after, in order. Any `after` is fine: no seq lies beyond a 64-bit
+    integer, so a larger one (which the database could not compare) finds nothing."""
+    after = max(-1, min(after, MAX_ID))
     return list(
         session.scalars(
             select(LogChunk)

@@ -1,4 +1,4 @@
-"""What every API route shares: one transaction per request, ids a database can hold."""
+"""What every API route shares: one transaction per request, ids a database column holds."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ def test_a_request_that_fails_halfway_leaves_nothing_behind(ann: Caller) -> None
         ("POST", f"/api/v1/notifications/{HUGE}/read"),
         ("GET", f"/api/v1/runs/{HUGE}/metrics"),
         ("GET", "/api/v1/support/tickets/0"),
+        ("GET", f"/api/v1/support/tickets/{2**40}"),  # above PostgreSQL's INTEGER
+        ("GET", f"/api/v1/runs/{2**63}"),
     ],
 )
 def test_an_id_too_large_for_the_database_is_a_422(ann: Caller, method: str, path: str) -> None:
@@ -52,7 +54,7 @@ def test_a_stream_position_out_of_range_is_refused(ann: Caller, since: str) -> N
     assert r.status_code == 422 and "LOG_SEQ:POINT_ID" in r.json()["detail"]
 
 
-def test_parse_id_takes_ascii_digits_within_64_bits() -> None:
+def test_parse_id_takes_ascii_digits_within_an_id_column() -> None:
     assert parse_id("42") == 42
     assert parse_id(str(MAX_ID)) == MAX_ID
     for text in (HUGE, "²", "٣", "-1", "+1", " 1", "0", "", "1.0"):
@@ -88,3 +90,10 @@ def test_a_voucher_expiry_without_a_zone_is_utc(admin: Caller) -> None:
     r = admin.post("/api/v1/admin/vouchers", json=body)
     assert r.status_code == 201, r.text
     assert r.json()["expires_at"].startswith("2999-12-31T23:59:00")
+
+
+def test_a_log_position_past_any_chunk_finds_nothing(ann: Caller) -> None:
+    iid = ann.post("/api/v1/instances", json={"gpu": "T4:1"}).json()["id"]
+    run = ann.post(f"/api/v1/instances/{iid}/runs", json={"command": "true"}).json()
+    r = ann.get(f"/api/v1/runs/{run['id']}/logs", params={"after": 2**64})
+    assert r.status_code == 200 and r.json()["chunks"] == []
