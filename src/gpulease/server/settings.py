@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     # unless this is set, and then jobs run UNSANDBOXED with the server's own rights (they
     # can read its database and keys): sign-up is forced off, for one trusted user only.
     unsandboxed_single_user: bool = False
+    # Instance N's jobs run as host uid SANDBOX_UID_BASE + N, an account that owns nothing
+    # (runner/sandbox.py); give each server on one host a range of its own.
+    sandbox_uid_base: int = Field(default=2_000_000_000, ge=1000, le=2**32 - 3)
     # HTTPS with the operator's certificate (PEM, chain included) and its key...
     tls_cert: Path | None = None
     tls_key: Path | None = None
