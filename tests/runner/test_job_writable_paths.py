@@ -206,3 +206,40 @@ def test_the_workdir_is_not_written_through_a_planted_directory_link(
         extract_workdir(_tar(tmp_path / "w.tar", ["src/spec.json"]), workspace)
     assert untouched(canary)
     assert sorted(p.name for p in canary.parent.iterdir()) == ["spec.json"]
+
+
+def _cached_tools() -> Path | None:
+    from gpulease.envs.build import COMPLETE_MARKER, env_key
+    from gpulease.runner.jupyter import TOOLS_TEMPLATE
+    from processes import ENV_CACHE
+
+    return ENV_CACHE if (ENV_CACHE / env_key(TOOLS_TEMPLATE) / COMPLETE_MARKER).exists() else None
+
+
+@pytest.mark.parametrize("planted", ["share", "log"])
+def test_jupyter_files_are_not_written_through_planted_links(
+    tmp_path: Path, canary: Path, planted: str
+) -> None:
+    """JupyterLab's directory is writable to the job: a link at share/ (where the runner
+    writes the kernelspec) or at the log (which the runner opens to append) is refused."""
+    cache = _cached_tools()
+    if cache is None:
+        pytest.skip("the JupyterLab tools environment is not built on this machine")
+    run_dir = tmp_path / "run"
+    (run_dir / "jupyter").mkdir(parents=True)
+    if planted == "share":
+        (run_dir / "jupyter" / "share").symlink_to(canary.parent)
+    else:
+        (run_dir / "jupyter" / LOG_NAME).symlink_to(canary)
+    lab = JupyterLab(
+        run_dir=run_dir,
+        env_cache=cache,
+        base_url="/instances/1/jupyter/",
+        shell=lambda: ({"PATH": "/usr/bin:/bin"}, str(tmp_path), None, cache),
+        stopping=threading.Event(),
+    )
+    with pytest.raises(RuntimeError, match="cannot be written"):
+        lab.ensure()
+    lab.stop()
+    assert untouched(canary)
+    assert sorted(p.name for p in canary.parent.iterdir()) == ["spec.json"]
