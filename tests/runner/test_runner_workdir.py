@@ -43,6 +43,19 @@ def test_files_and_directories_are_extracted(tmp_path: Path) -> None:
     assert count == 2
     assert (tmp_path / "ws" / "src" / "train.py").read_text() == "print(1)\n"
     assert (tmp_path / "ws" / "README").read_text() == "hi"
+    assert (tmp_path / "ws" / "README").stat().st_mtime == 0  # the archive's, as tar would
+
+
+def test_executable_files_stay_executable_and_nothing_else_is(tmp_path: Path) -> None:
+    archive = tmp_path / "w.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name, mode in (("run.sh", 0o4775), ("data.csv", 0o666)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = 2, mode
+            tar.addfile(info, io.BytesIO(b"ok"))
+    extract_workdir(archive, tmp_path / "ws")
+    assert (tmp_path / "ws" / "run.sh").stat().st_mode & 0o7777 == 0o755
+    assert (tmp_path / "ws" / "data.csv").stat().st_mode & 0o7777 == 0o644
 
 
 @pytest.mark.parametrize(

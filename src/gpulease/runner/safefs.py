@@ -210,10 +210,11 @@ def write_replace(
     mode: int = 0o644,
     *,
     create_dirs: bool = True,
+    mtime: float | None = None,
 ) -> None:
-    """Make root/relative a regular file holding data (bytes, or a stream read to its end):
-    written to a fresh file beside it, then renamed over it (a link or FIFO there is
-    replaced, never followed)."""
+    """Make root/relative a regular file holding data (bytes, or a stream read to its end),
+    modified at mtime when given: written to a fresh file beside it, then renamed over it
+    (a link or FIFO there is replaced, never followed)."""
     directories, name = _split(relative)
     parent = open_dir(root, "/".join(directories), create=create_dirs)
     try:
@@ -228,6 +229,8 @@ def write_replace(
                 else:
                     shutil.copyfileobj(data, out, _BLOCK)
             os.fchmod(fd, mode)
+            if mtime is not None:
+                os.utime(fd, (mtime, mtime))
         except BaseException:
             os.unlink(temporary, dir_fd=parent)
             raise

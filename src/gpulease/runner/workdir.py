@@ -38,7 +38,8 @@ def extract_workdir(archive: Path, workspace: Path) -> int:
     every member is written through runner/safefs.py, so a link at any component of its
     path is refused (UnsafeArchive), and a file is written anew and renamed into place
     (a link or FIFO where it goes is replaced, not followed). Files get mode 0644, or
-    0755 when the archive marks them executable; no set-uid bit, no owner from the archive.
+    0755 when the archive marks them executable, and its mtime; no set-uid bit, no owner
+    from the archive.
     """
     workspace.mkdir(parents=True, exist_ok=True)
     try:
@@ -66,4 +67,5 @@ def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, workspace: Path) -> 
     if data is None:  # not reached: check_member lets only files and directories through
         raise UnsafeArchive(f"workdir archive: {member.name!r} has no data")
     with data:
-        safefs.write_replace(workspace, member.name, data, 0o755 if member.mode & 0o100 else 0o644)
+        mode = 0o755 if member.mode & 0o100 else 0o644
+        safefs.write_replace(workspace, member.name, data, mode, mtime=member.mtime)
