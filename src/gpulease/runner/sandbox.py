@@ -399,6 +399,9 @@ class Sandbox:
     jupyter_dir: Path | None = None
     uid: int | None = None
     network: InstanceNetwork | None = None
+    # Workspaces already handed over to uid, shared by the copies dataclasses.replace makes
+    # (runner/metrics.py, runner/jupyter.py): the whole tree is walked once per runner.
+    handed_over: set[Path] = field(default_factory=set, compare=False, repr=False)
 
     def command(
         self, argv: Sequence[str], *, info_fd: int | None = None, terminal: bool = False
@@ -477,11 +480,14 @@ class Sandbox:
             self.network.close()
 
     def _hand_over(self, uid: int) -> None:
-        """The workspace tree to uid; the per-run metrics directory and JupyterLab's
-        directory shared: root-owned, group uid, 1770 (the job creates its files there but
-        cannot touch the runner's)."""
+        """The workspace tree to uid, at the first command (what the runner put there while
+        preparing: the workdir, the venv layer); the per-run metrics directory and
+        JupyterLab's directory shared: root-owned, group uid, 1770 (the job creates its
+        files there but cannot touch the runner's)."""
         try:
-            give_tree(self.workspace, uid)
+            if self.workspace not in self.handed_over:
+                give_tree(self.workspace, uid)
+                self.handed_over.add(self.workspace)
             for shared in (self.metrics, self.jupyter_dir):
                 if shared is not None:
                     os.chown(shared, 0, uid, follow_symlinks=False)
