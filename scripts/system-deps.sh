@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Debian packages gpulease needs. `server`: bubblewrap, the sandbox every job runs in.
-# `test` (default): also chromium for the browser tests and rsync for the dataset push
-# benchmark's baseline.
+# Debian packages gpulease needs. `server`: the job sandbox: bubblewrap (namespaces),
+# slirp4netns (a job's own user-mode network), nftables (the rules inside that network) and
+# util-linux's setpriv (dropping to the instance's uid). `test` (default): also chromium for
+# the browser tests and rsync for the dataset push benchmark's baseline.
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v slirp4netns >/dev/null || missing+=(slirp4netns)
+command -v nft >/dev/null || missing+=(nftables)
+command -v setpriv >/dev/null || missing+=(util-linux)
 if [ "${1:-test}" = "test" ]; then
   command -v chromium >/dev/null || missing+=(chromium)
   command -v rsync >/dev/null || missing+=(rsync)
