@@ -3,11 +3,13 @@ the API's: a locked account gets the login page again with a 429 that says when 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from starlette.testclient import TestClient
 
 from factories import Caller
+from gpulease.server.routers.deps import SESSION_COOKIE
 from gpulease.server.runtime import Runtime
 from gpulease.server.services.ratelimit import AuthGuard
 
@@ -56,3 +58,18 @@ def test_console_registration_is_limited_per_address(http: TestClient, rt: Runti
     form = {"name": "more", "password": PASSWORD, "password_repeat": PASSWORD}
     r = browser.post("/register", data=form)
     assert r.status_code == 429 and "accounts registered from your address" in r.text
+
+
+def test_the_admin_users_page_lists_failed_logins(
+    http: TestClient, rt: Runtime, ann: Caller, admin: Caller
+) -> None:
+    browser = form_browser(http)
+    browser.post("/login", data={"name": "ann", "password": "wrong-guess-1"})
+    page = TestClient(http.app, cookies={SESSION_COOKIE: admin.token}).get("/admin/users")
+    assert page.status_code == 200
+    failed = r'<table class="table" data-testid="failed-logins">.*?</table>'
+    (table,) = re.findall(failed, page.text, re.S)
+    assert "<td>ann</td>" in table and "wrong name or password" in table
+    assert "wrong-guess" not in page.text
+    other = TestClient(http.app, cookies={SESSION_COOKIE: ann.token}).get("/admin/users")
+    assert other.status_code == 404 and "failed-logins" not in other.text

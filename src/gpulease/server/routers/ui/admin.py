@@ -24,6 +24,7 @@ from gpulease.schemas.accounts import UserPublic
 from gpulease.schemas.statements import RevenueTotals
 from gpulease.server.db import utcnow
 from gpulease.server.orm import User
+from gpulease.server.routers.auth_limits import auth_guard
 from gpulease.server.routers.deps import credits, runtime, same_origin, tx
 from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.guards import login_url, viewer
@@ -198,7 +199,9 @@ def _users_page(
             )
             for a in operator_views.user_accounts(session)
         ]
-        return {"rows": rows, "form": form or GrantForm(), "symbol": symbol}
+        context = {"rows": rows, "form": form or GrantForm(), "symbol": symbol}
+        context["failed_logins"] = auth_guard(request).failed_logins(20)
+        return context
 
     return _page(
         request,
