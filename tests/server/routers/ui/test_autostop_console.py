@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from starlette.testclient import TestClient
 
-from factories import Caller, RunnerDouble
+from factories import Caller, RunnerDouble, console_client
 from gpulease.server.db import transaction
 from gpulease.server.orm import Instance
 from gpulease.server.reconcilers import idle
@@ -15,7 +15,7 @@ from gpulease.server.runtime import Runtime
 
 
 def browser_of(http: TestClient, caller: Caller) -> TestClient:
-    client = TestClient(http.app, follow_redirects=False)
+    client = console_client(http.app)
     r = client.post("/login", data={"name": caller.name, "password": "password-123"})
     assert r.status_code == 303, r.text
     return client

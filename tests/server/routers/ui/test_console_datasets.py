@@ -7,14 +7,14 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from factories import Caller
+from factories import Caller, console_client
 from gpulease.server.routers.ui.datasets import dataset_paths
 from gpulease.server.runtime import Runtime
 
 
 @pytest.fixture
 def browser(http: TestClient, ann: Caller) -> Iterator[TestClient]:
-    client = TestClient(http.app, follow_redirects=False)
+    client = console_client(http.app)
     r = client.post("/login", data={"name": "ann", "password": "password-123"})
     assert r.status_code == 303
     yield client
@@ -70,7 +70,7 @@ def test_refusals_are_shown_on_the_page(browser: TestClient, ann: Caller, rt: Ru
 
 
 def test_logged_out_goes_to_login(http: TestClient) -> None:
-    client = TestClient(http.app, follow_redirects=False)
+    client = console_client(http.app)
     r = client.get("/datasets")
     assert r.status_code == 303 and r.headers["location"].startswith("/login")
     client.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Query, Request, Response
+from fastapi import Form, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from sqlalchemy.orm import Session
 
@@ -13,10 +13,13 @@ from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_credits
 from gpulease.server.orm import User
 from gpulease.server.routers.auth_limits import auth_guard, client_address, guarded_login
-from gpulease.server.routers.deps import SESSION_COOKIE, runtime, same_origin, tx
+from gpulease.server.routers.deps import SESSION_COOKIE, runtime, tx
 from gpulease.server.routers.ui.guards import (
     LOGIN_PATH,
+    SameSiteForm,
     clear_session_cookie,
+    console_router,
+    error_page,
     safe_next,
     set_session_cookie,
     viewer,
@@ -24,25 +27,12 @@ from gpulease.server.routers.ui.guards import (
 from gpulease.server.routers.ui.templating import render
 from gpulease.server.services import console, tokens, users
 
-router = APIRouter()
+router = console_router()
 
 # Fields default to "" so that a missing one gets the service's message on the form, not a 422.
 FormText = Annotated[str, Form()]
 NextField = Annotated[str, Form(alias="next")]
 NextQuery = Annotated[str, Query(alias="next")]
-
-
-def cross_site_refusal(request: Request) -> Response:
-    return render(
-        request,
-        "errors/error.html",
-        {
-            "title": "Request refused",
-            "message": "This form was sent from another site, so it was refused. "
-            "Open the console at its own address and try again.",
-        },
-        status_code=403,
-    )
 
 
 def _open_session(request: Request, session: Session, user: User) -> str:
@@ -84,15 +74,8 @@ def _register_page(
 
 
 def _signup_closed(request: Request) -> Response:
-    return render(
-        request,
-        "errors/error.html",
-        {
-            "title": "Sign-up is closed",
-            "message": "This server does not take new sign-ups; ask an admin for an account.",
-        },
-        status_code=403,
-    )
+    message = "This server does not take new sign-ups; ask an admin for an account."
+    return error_page(request, "Sign-up is closed", message, user=None, status_code=403)
 
 
 @router.get("/login")
@@ -104,10 +87,12 @@ def login_form(request: Request, next_: NextQuery = "/") -> Response:
 
 @router.post("/login")
 def login(
-    request: Request, name: FormText = "", password: FormText = "", next_: NextField = "/"
+    request: Request,
+    _: SameSiteForm,
+    name: FormText = "",
+    password: FormText = "",
+    next_: NextField = "/",
 ) -> Response:
-    if not same_origin(request):
-        return cross_site_refusal(request)
     name = name.strip()
     try:
         if not name or not password:
@@ -133,10 +118,12 @@ def register_form(request: Request) -> Response:
 
 @router.post("/register")
 def register(
-    request: Request, name: FormText = "", password: FormText = "", password_repeat: FormText = ""
+    request: Request,
+    _: SameSiteForm,
+    name: FormText = "",
+    password: FormText = "",
+    password_repeat: FormText = "",
 ) -> Response:
-    if not same_origin(request):
-        return cross_site_refusal(request)
     settings = runtime(request).settings
     if not settings.signup_enabled:
         return _signup_closed(request)
@@ -157,9 +144,7 @@ def register(
 
 
 @router.post("/logout")
-def logout(request: Request) -> Response:
-    if not same_origin(request):
-        return cross_site_refusal(request)
+def logout(request: Request, _: SameSiteForm) -> Response:
     secret = request.cookies.get(SESSION_COOKIE)
     if secret:
         with tx(request) as session:

@@ -7,28 +7,23 @@ from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Form, Query, Request, Response
-from fastapi.responses import RedirectResponse
+from fastapi import Form, Query, Response
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog
 from gpulease.core.errors import GpuleaseError, InvalidInput
-from gpulease.core.money import format_credits, ncu
-from gpulease.core.pricing import WEEKDAYS
-from gpulease.schemas.accounts import UserPublic
+from gpulease.core.money import format_cap, format_credits, ncu
+from gpulease.core.pricing import WEEKDAYS, format_discount
 from gpulease.schemas.ledger import LedgerLine
 from gpulease.schemas.statements import RevenueDay, RevenuePublic, StatementPublic
 from gpulease.server.db import utcnow
-from gpulease.server.orm import User
 from gpulease.server.routers.api.presenters import ledger_line
-from gpulease.server.routers.deps import credits, runtime, same_origin, tx
-from gpulease.server.routers.ui.account import cross_site_refusal
-from gpulease.server.routers.ui.guards import login_url, viewer
-from gpulease.server.routers.ui.templating import render
+from gpulease.server.routers.deps import credits
+from gpulease.server.routers.ui.guards import ConsolePage, FormViewer, PageViewer, console_router
 from gpulease.server.services import ledger, statements
 from gpulease.server.services.billing import limits, offpeak
 
-router = APIRouter()
+router = console_router()
 
 DateQuery = Annotated[str | None, Query(max_length=32)]
 FromQuery = Annotated[str | None, Query(alias="from", max_length=32)]
@@ -139,6 +134,7 @@ class PlanView:
 
 @dataclass(frozen=True)
 class WindowView:
+    id: int
     days: str
     start: str
     end: str
@@ -189,12 +185,12 @@ PLAN_RULES = (
 
 
 def _money(micro: int | None, symbol: str) -> str:
-    return "no cap" if micro is None else format_credits(micro, symbol, 2)
+    return format_cap(micro, symbol)
 
 
 def _plain(micro: int | None) -> str:
     """An amount as the caps form takes it back: '12.50', or '' for no cap."""
-    return "" if micro is None else format_credits(micro, "", 2)
+    return format_cap(micro, "", unset="")
 
 
 def caps_view(
@@ -243,15 +239,16 @@ def ledger_page(
 def windows_view(session: Session) -> list[WindowView]:
     return [
         WindowView(
+            id=window_id,
             days="every day"
             if len(w.weekdays) == 7
             else ", ".join(WEEKDAYS[d] for d in sorted(w.weekdays)),
             start=f"{w.start_minute // 60:02d}:{w.start_minute % 60:02d}",
             end=f"{w.end_minute // 60:02d}:{w.end_minute % 60:02d}",
-            discount=f"{w.discount_bp / 100:g} %",
+            discount=f"{format_discount(w.discount_bp)} %",
             tz=w.tz,
         )
-        for _, w in offpeak.list_windows(session)
+        for window_id, w in offpeak.list_windows(session)
     ]
 
 
@@ -259,22 +256,20 @@ PageQuery = Annotated[int, Query(ge=1, le=MAX_LEDGER_PAGE)]
 
 
 def _billing_page(
-    request: Request,
-    user: User,
-    session: Session,
+    console: ConsolePage,
     *,
     start: str | None,
     to: str | None,
     page: int = 1,
     typed_caps: dict[str, str] | None = None,
-    error: str = "",
+    refusal: GpuleaseError | None = None,
     notice: str = "",
-    status: int = 200,
 ) -> Response:
-    rt = runtime(request)
+    rt = console.runtime
+    session, user = console.session, console.user
     catalog = rt.catalog
     symbol = catalog.currency_symbol
-    public = UserPublic.model_validate(user)
+    error, status = (refusal.message, refusal.status) if refusal else ("", 200)
     micro = ledger.balance(session, user.id)
     statement = revenue = None
     try:
@@ -284,7 +279,7 @@ def _billing_page(
         period = statements.parse_period(None, None, rt.settings.timezone)
     else:
         statement = statements.user_statement(session, user, period, catalog)
-        if user.role == "admin":
+        if console.is_admin:
             revenue = statements.revenue(session, period, catalog)
     period_query = {"from": str(period.start), "to": str(period.end)}
     query = urlencode(period_query)
@@ -305,25 +300,19 @@ def _billing_page(
         windows=windows_view(session),
     )
     context = {"view": view, "error": error, "notice": notice}
-    return render(
-        request, "billing/page.html", context, user=public, page="billing", status_code=status
-    )
+    return console.render("billing/page.html", context, page="billing", status_code=status)
 
 
 @router.get("/billing")
 def billing(
-    request: Request,
+    console: PageViewer,
     start: FromQuery = None,
     to: DateQuery = None,
     page: PageQuery = 1,
     saved: str = "",
 ) -> Response:
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return RedirectResponse(login_url(request), status_code=303)
-        notice = "Saved your spending caps." if saved == "caps" else ""
-        return _billing_page(request, user, session, start=start, to=to, page=page, notice=notice)
+    notice = "Saved your spending caps." if saved == "caps" else ""
+    return _billing_page(console, start=start, to=to, page=page, notice=notice)
 
 
 CapsField = Annotated[str, Form(max_length=40)]
@@ -331,40 +320,27 @@ CapsField = Annotated[str, Form(max_length=40)]
 
 @router.post("/billing/caps")
 def set_caps(
-    request: Request,
+    console: FormViewer,
     max_hourly: CapsField = "",
     monthly_budget: CapsField = "",
     low_balance: CapsField = "",
 ) -> Response:
     """Your own caps (empty: none), through the same service as PUT /api/v1/limits."""
-    if not same_origin(request):
-        return cross_site_refusal(request)
     typed = {"max_hourly": max_hourly, "monthly_budget": monthly_budget, "low_balance": low_balance}
-    symbol = runtime(request).catalog.currency_symbol
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return RedirectResponse(login_url(request), status_code=303)
-        try:
-            with session.begin_nested():
-                limits.set_user_caps(
-                    session,
-                    user.id,
-                    utcnow(),
-                    max_hourly_micro=credits(max_hourly, "max hourly spend"),
-                    monthly_budget_micro=credits(monthly_budget, "monthly budget"),
-                    low_balance_micro=credits(low_balance, "low-balance threshold"),
-                    symbol=symbol,
-                )
-        except GpuleaseError as exc:
-            return _billing_page(
-                request,
-                user,
-                session,
-                start=None,
-                to=None,
-                typed_caps=typed,
-                error=exc.message,
-                status=exc.status,
-            )
-    return RedirectResponse("/billing?saved=caps#caps", status_code=303)
+
+    def act() -> str:
+        limits.set_user_caps(
+            console.session,
+            console.user.id,
+            utcnow(),
+            max_hourly_micro=credits(max_hourly, "max hourly spend"),
+            monthly_budget_micro=credits(monthly_budget, "monthly budget"),
+            low_balance_micro=credits(low_balance, "low-balance threshold"),
+            symbol=console.runtime.catalog.currency_symbol,
+        )
+        return "/billing?saved=caps#caps"
+
+    return console.act(
+        act,
+        lambda exc: _billing_page(console, start=None, to=None, typed_caps=typed, refusal=exc),
+    )

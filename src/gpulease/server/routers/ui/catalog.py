@@ -4,25 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Request, Response
-from fastapi.responses import RedirectResponse
+from fastapi import Response
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog
 from gpulease.core.money import format_credits
-from gpulease.schemas.accounts import UserPublic
+from gpulease.core.pricing import FULL_BP, WEEKDAYS, format_discount
 from gpulease.server.orm import User
-from gpulease.server.routers.deps import runtime, tx
-from gpulease.server.routers.ui.guards import login_url, viewer
-from gpulease.server.routers.ui.templating import render
+from gpulease.server.routers.ui.guards import PageViewer, console_router
 from gpulease.server.services import nodes, templates
 from gpulease.server.services.billing import offpeak
 from gpulease.server.services.templates import TemplateView
 
-router = APIRouter()
-
-WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-FULL_BP = 10_000
+router = console_router()
 
 
 @dataclass(frozen=True)
@@ -64,9 +58,9 @@ def offpeak_lines(session: Session) -> tuple[list[OffPeakLine], int]:
     """The operator's off-peak windows for people, and the best discount in basis points."""
     lines, best = [], 0
     for _, w in offpeak.list_windows(session):
-        days = ", ".join(WEEKDAYS[d] for d in sorted(w.weekdays))
+        days = ", ".join(WEEKDAYS[d].capitalize() for d in sorted(w.weekdays))
         hours = f"{_clock(w.start_minute)}–{_clock(w.end_minute)} {w.tz}"
-        lines.append(OffPeakLine(days, hours, f"{w.discount_bp / 100:g} %"))
+        lines.append(OffPeakLine(days, hours, f"{format_discount(w.discount_bp)} %"))
         best = max(best, w.discount_bp)
     return lines, best
 
@@ -118,14 +112,8 @@ def catalog_rows(session: Session, owner: User, catalog: Catalog) -> list[Catalo
 
 
 @router.get("/catalog")
-def catalog_page(request: Request) -> Response:
-    catalog = runtime(request).catalog
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return RedirectResponse(login_url(request), status_code=303)
-        rows = catalog_rows(session, user, catalog)
-        windows, _ = offpeak_lines(session)
-        public = UserPublic.model_validate(user)
+def catalog_page(console: PageViewer) -> Response:
+    rows = catalog_rows(console.session, console.user, console.runtime.catalog)
+    windows, _ = offpeak_lines(console.session)
     context = {"rows": rows, "windows": windows}
-    return render(request, "catalog/page.html", context, user=public, page="catalog")
+    return console.render("catalog/page.html", context, page="catalog")

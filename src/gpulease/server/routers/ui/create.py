@@ -5,27 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request, Response
-from fastapi.responses import RedirectResponse
+from fastapi import Form, Response
 from sqlalchemy.orm import Session
 
 from gpulease.core import estimates
 from gpulease.core.catalog import CPU_MODEL, Catalog
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_credits
-from gpulease.schemas.accounts import UserPublic
-from gpulease.server.orm import User
-from gpulease.server.routers.deps import runtime, same_origin, tx
-from gpulease.server.routers.ui.account import cross_site_refusal
 from gpulease.server.routers.ui.catalog import template_fits, usable_templates
-from gpulease.server.routers.ui.guards import login_url, viewer
-from gpulease.server.routers.ui.templating import render
+from gpulease.server.routers.ui.guards import ConsolePage, FormViewer, PageViewer, console_router
 from gpulease.server.services import nodes
 from gpulease.server.services.billing import offpeak, plans, teams
 from gpulease.server.services.datasets import library, mounts
 from gpulease.server.services.instances import lifecycle
 
-router = APIRouter()
+router = console_router()
 
 PATH = "/instances/new"
 FormText = Annotated[str, Form()]
@@ -46,6 +40,12 @@ class GpuChoice:
     free: int
     total: int
     simulated: bool
+
+
+@dataclass(frozen=True)
+class TemplateChoice:
+    name: str
+    description: str
 
 
 @dataclass(frozen=True)
@@ -85,16 +85,9 @@ def gpu_choices(session: Session, catalog: Catalog) -> list[GpuChoice]:
     return sorted(choices, key=lambda c: (c.is_gpu and c.total == 0, not c.is_gpu))
 
 
-def _page(
-    request: Request,
-    session: Session,
-    user: User,
-    form: CreateForm,
-    *,
-    error: str = "",
-    status_code: int = 200,
-) -> Response:
-    catalog = runtime(request).catalog
+def _page(console: ConsolePage, form: CreateForm, refusal: GpuleaseError | None = None) -> Response:
+    session, user = console.session, console.user
+    catalog = console.runtime.catalog
     choices = gpu_choices(session, catalog)
     if form.gpu_model not in {c.name for c in choices}:
         form = CreateForm(**{**form.__dict__, "gpu_model": choices[0].name if choices else ""})
@@ -111,7 +104,10 @@ def _page(
         "offpeak": bool(offpeak.list_windows(session)),
         "teams": [t.name for t in teams.my_teams(session, user)],
         "datasets": [d.name for d in library.list_datasets(session, user)],
-        "templates": [v.template for v in usable_templates(session, user, catalog)],
+        "templates": [
+            TemplateChoice(v.template.name, v.template.description)
+            for v in usable_templates(session, user, catalog)
+        ],
         "models": estimates.MODELS,
         "limits": {
             "images": estimates.MAX_IMAGES,
@@ -120,25 +116,15 @@ def _page(
             "max_size": estimates.MAX_IMAGE_SIZE,
             "gpus": MAX_FORM_GPUS,
         },
-        "error": error,
+        "error": refusal.message if refusal else "",
     }
-    return render(
-        request,
-        "instances/new.html",
-        context,
-        user=UserPublic.model_validate(user),
-        page="create",
-        status_code=status_code,
-    )
+    status = refusal.status if refusal else 200
+    return console.render("instances/new.html", context, page="create", status_code=status)
 
 
 @router.get(PATH)
-def create_form(request: Request) -> Response:
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return RedirectResponse(login_url(request), status_code=303)
-        return _page(request, session, user, CreateForm())
+def create_form(console: PageViewer) -> Response:
+    return _page(console, CreateForm())
 
 
 def gpu_request(gpu_model: str, gpu_count: str) -> str | None:
@@ -157,7 +143,7 @@ def gpu_request(gpu_model: str, gpu_count: str) -> str | None:
 
 @router.post(PATH)
 def create(
-    request: Request,
+    console: FormViewer,
     gpu_model: FormText = "",
     gpu_count: FormText = "1",
     template: FormText = "pytorch",
@@ -174,9 +160,7 @@ def create(
 ) -> Response:
     """Create through the same service as POST /api/v1/instances, then go to the dashboard.
     The estimate fields only come back so that a refused form keeps them."""
-    if not same_origin(request):
-        return cross_site_refusal(request)
-    rt = runtime(request)
+    rt = console.runtime
     picked = [d for d in (datasets or []) if d]
     typed = CreateForm(
         gpu_model,
@@ -193,30 +177,26 @@ def create(
         auto_renew=bool(auto_renew),
         start_when_cheap=bool(start_when_cheap),
     )
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return RedirectResponse(login_url(request), status_code=303)
-        try:
-            with session.begin_nested():
-                instance = lifecycle.create_instance(
-                    session,
-                    user,
-                    catalog=rt.catalog,
-                    gpu=gpu_request(gpu_model, gpu_count),
-                    template=template.strip(),
-                    name=name.strip() or None,
-                    auto_release=False,
-                    min_start_minutes=rt.settings.min_start_minutes,
-                    workspaces=rt.settings.workspaces_path,
-                    plan=plan.strip() or plans.ON_DEMAND,
-                    team=team.strip() or None,
-                    auto_renew=typed.auto_renew,
-                    start_when_cheap=typed.start_when_cheap,
-                )
-                if picked:
-                    mounts.attach_datasets(session, user, instance, picked)
-        except GpuleaseError as exc:
-            return _page(request, session, user, typed, error=exc.message, status_code=exc.status)
-    request.app.state.wake_reconcilers()
-    return RedirectResponse("/", status_code=303)
+
+    def act() -> str:
+        instance = lifecycle.create_instance(
+            console.session,
+            console.user,
+            catalog=rt.catalog,
+            gpu=gpu_request(gpu_model, gpu_count),
+            template=template.strip(),
+            name=name.strip() or None,
+            auto_release=False,
+            min_start_minutes=rt.settings.min_start_minutes,
+            workspaces=rt.settings.workspaces_path,
+            plan=plan.strip() or plans.ON_DEMAND,
+            team=team.strip() or None,
+            auto_renew=typed.auto_renew,
+            start_when_cheap=typed.start_when_cheap,
+        )
+        if picked:
+            mounts.attach_datasets(console.session, console.user, instance, picked)
+        console.wake_reconcilers()
+        return "/"
+
+    return console.act(act, lambda exc: _page(console, typed, exc))

@@ -6,27 +6,24 @@ import re
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import RedirectResponse
+from fastapi import Query, Response
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog
 from gpulease.core.errors import NotFound
 from gpulease.core.money import format_credits, ncu
-from gpulease.schemas.accounts import UserPublic
 from gpulease.schemas.instances import InstancePublic
 from gpulease.schemas.notifications import NotificationPublic
 from gpulease.schemas.runs import RunPublic
 from gpulease.server.orm import User
 from gpulease.server.routers.api.presenters import instance_public
-from gpulease.server.routers.deps import SESSION_COOKIE, runtime, tx
-from gpulease.server.routers.ui.guards import clear_session_cookie, login_url, viewer
-from gpulease.server.routers.ui.templating import render, span
+from gpulease.server.routers.ui.guards import PageViewer, PartialViewer, console_router
+from gpulease.server.routers.ui.templating import span
 from gpulease.server.services import console, ledger, notifications, runs
 from gpulease.server.services.instances import lifecycle
 from gpulease.server.services.instances.states import QUEUED, RUNNING
 
-router = APIRouter()
+router = console_router()
 
 RECENT_RUNS = 10
 RECENT_NOTIFICATIONS = 8
@@ -113,44 +110,21 @@ def load_dashboard(
     )
 
 
-def _to_login(request: Request) -> Response:
-    response = RedirectResponse(login_url(request), status_code=303)
-    if SESSION_COOKIE in request.cookies:
-        clear_session_cookie(request, response)
-    return response
-
-
-def _run_not_found(request: Request, user: UserPublic, message: str) -> Response:
-    context = {"title": "Run not found", "message": message}
-    return render(request, "errors/error.html", context, user=user, status_code=404)
-
-
 @router.get("/")
-def dashboard(request: Request, run: Annotated[str | None, Query()] = None) -> Response:
-    catalog = runtime(request).catalog
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return _to_login(request)
-        public = UserPublic.model_validate(user)
-        try:
-            if run is not None and not RUN_ID.fullmatch(run):
-                raise NotFound(f"there is no run {run!r}; run ids are numbers")
-            view = load_dashboard(session, user, catalog, int(run) if run else None)
-        except NotFound as exc:
-            return _run_not_found(request, public, exc.message)
+def dashboard(console: PageViewer, run: Annotated[str | None, Query()] = None) -> Response:
+    try:
+        if run is not None and not RUN_ID.fullmatch(run):
+            raise NotFound(f"there is no run {run!r}; run ids are numbers")
+        selected = int(run) if run else None
+        view = load_dashboard(console.session, console.user, console.runtime.catalog, selected)
+    except NotFound as exc:
+        return console.refused(exc, "Run not found")
     context = {"view": view, "refresh_ms": REFRESH_MS}
-    return render(request, "dashboard/page.html", context, user=public, page="dashboard")
+    return console.render("dashboard/page.html", context, page="dashboard")
 
 
 @router.get("/partials/dashboard")
-def dashboard_live(request: Request) -> Response:
+def dashboard_live(console: PartialViewer) -> Response:
     """The dashboard's live parts, re-rendered; the page swaps them in by element id."""
-    catalog = runtime(request).catalog
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return Response("log in again", status_code=401, media_type="text/plain")
-        public = UserPublic.model_validate(user)
-        view = load_dashboard(session, user, catalog)
-    return render(request, "dashboard/live.html", {"view": view}, user=public)
+    view = load_dashboard(console.session, console.user, console.runtime.catalog)
+    return console.render("dashboard/live.html", {"view": view})

@@ -4,24 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.responses import RedirectResponse
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from gpulease.core.datasets import format_bytes
 from gpulease.core.errors import GpuleaseError, InvalidInput
-from gpulease.schemas.accounts import UserPublic
 from gpulease.schemas.datasets import DatasetPublic
-from gpulease.server.orm import User
-from gpulease.server.routers.deps import runtime, same_origin, tx
-from gpulease.server.routers.ui.account import cross_site_refusal
-from gpulease.server.routers.ui.guards import login_url, viewer
-from gpulease.server.routers.ui.templating import render
+from gpulease.server.routers.deps import tx
+from gpulease.server.routers.ui.guards import DetachedForm, PageViewer, Viewer, console_router
 from gpulease.server.services.datasets import console_push, library, quota
 
-router = APIRouter()
+router = console_router()
 
 PATH = "/datasets"
 
@@ -34,25 +31,23 @@ class DatasetRow:
 
 
 def _page(
-    request: Request,
-    user: User,
+    console: Viewer,
+    session: Session,
     *,
     name: str = "",
-    error: str = "",
+    refusal: GpuleaseError | None = None,
     notice: str = "",
-    status_code: int = 200,
 ) -> Response:
-    settings = runtime(request).settings
-    with tx(request) as session:
-        rows = [
-            DatasetRow(
-                DatasetPublic.model_validate(d),
-                format_bytes(d.size_bytes),
-                library.mounting_instances(session, d),
-            )
-            for d in library.list_datasets(session, user)
-        ]
-        used = quota.usage(session, user.id)
+    settings = console.runtime.settings
+    rows = [
+        DatasetRow(
+            DatasetPublic.model_validate(d),
+            format_bytes(d.size_bytes),
+            library.mounting_instances(session, d),
+        )
+        for d in library.list_datasets(session, console.user)
+    ]
+    used = quota.usage(session, console.user.id)
     context = {
         "rows": rows,
         "used": format_bytes(used),
@@ -61,35 +56,28 @@ def _page(
         "max_files": console_push.MAX_FILES,
         "max_bytes": format_bytes(console_push.MAX_BYTES),
         "name": name,
-        "error": error,
+        "error": refusal.message if refusal else "",
         "notice": notice,
     }
-    return render(
-        request,
-        "datasets/page.html",
-        context,
-        user=UserPublic.model_validate(user),
-        page="datasets",
-        status_code=status_code,
-    )
+    status = refusal.status if refusal else 200
+    return console.render("datasets/page.html", context, page="datasets", status_code=status)
 
 
-def _viewer(request: Request) -> User | None:
-    with tx(request) as session:
-        return viewer(session, request)
+def _refused(console: Viewer, refusal: GpuleaseError, name: str = "") -> Response:
+    """The page again with the refusal, read in a transaction of its own (the form's
+    service has ended its own)."""
+    with tx(console.request) as session:
+        return _page(console, session, name=name, refusal=refusal)
 
 
 @router.get(PATH)
-def datasets_page(request: Request, pushed: str = "", removed: str = "") -> Response:
-    user = _viewer(request)
-    if user is None:
-        return RedirectResponse(login_url(request), status_code=303)
+def datasets_page(console: PageViewer, pushed: str = "", removed: str = "") -> Response:
     notice = ""
     if pushed:
         notice = f"Uploaded {pushed}; mount it with `--dataset {pushed}`."
     elif removed:
         notice = f"Removed {removed}."
-    return _page(request, user, notice=notice)
+    return _page(console, console.session, notice=notice)
 
 
 def dataset_paths(names: list[str]) -> list[str]:
@@ -103,15 +91,9 @@ def dataset_paths(names: list[str]) -> list[str]:
 
 
 @router.post(PATH)
-async def upload(request: Request) -> Response:
+async def upload(request: Request, console: DetachedForm) -> Response:
     """The upload form: multipart with `name` and `files` (several, or a whole folder)."""
-    user = await run_in_threadpool(_viewer, request)
-    if user is None:
-        return RedirectResponse(login_url(request), status_code=303)
-    if not same_origin(request):
-        return cross_site_refusal(request)
     name = ""
-    error, status = "", 200
     try:
         async with request.form(
             max_files=console_push.MAX_FILES + 1, max_fields=20
@@ -124,39 +106,31 @@ async def upload(request: Request) -> Response:
             contents = [await f.read() for f in picked]
         if not name:
             raise InvalidInput("give the dataset a name")
-        rt = runtime(request)
+        rt = console.runtime
         assert rt.vault is not None
         await run_in_threadpool(
             console_push.push_files,
             rt.sessions,
             rt.vault,
-            user,
+            console.user,
             name,
             list(zip(names, contents, strict=True)),
             quota_bytes=rt.settings.storage_quota_bytes,
         )
     except GpuleaseError as exc:
-        error, status = exc.message, exc.status
+        return await run_in_threadpool(_refused, console, exc, name)
     except HTTPException as exc:  # the multipart parser's refusals (too many files, say)
-        error, status = f"the upload could not be read: {exc.detail}", 400
-    if error:
-        return await run_in_threadpool(
-            lambda: _page(request, user, name=name, error=error, status_code=status)
-        )
+        unreadable = GpuleaseError(f"the upload could not be read: {exc.detail}")  # a 400
+        return await run_in_threadpool(_refused, console, unreadable, name)
     return RedirectResponse(f"{PATH}?pushed={name}", status_code=303)
 
 
 @router.post(PATH + "/{name}/delete")
-def delete(name: str, request: Request) -> Response:
-    user = _viewer(request)
-    if user is None:
-        return RedirectResponse(login_url(request), status_code=303)
-    if not same_origin(request):
-        return cross_site_refusal(request)
-    rt = runtime(request)
+def delete(name: str, console: DetachedForm) -> Response:
+    rt = console.runtime
     assert rt.vault is not None
     try:
-        library.remove_dataset(rt.sessions, rt.vault, user, name)
+        library.remove_dataset(rt.sessions, rt.vault, console.user, name)
     except GpuleaseError as exc:
-        return _page(request, user, error=exc.message, status_code=exc.status)
+        return _refused(console, exc)
     return RedirectResponse(f"{PATH}?removed={name}", status_code=303)

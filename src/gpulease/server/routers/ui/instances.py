@@ -6,23 +6,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request, Response
-from fastapi.responses import RedirectResponse
+from fastapi import Form, Response
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog
 from gpulease.core.errors import GpuleaseError, NotFound
-from gpulease.schemas.accounts import UserPublic
+from gpulease.schemas.autostop import AutostopPublic, SchedulePublic
 from gpulease.schemas.instances import InstancePublic
 from gpulease.schemas.runs import RunPublic
 from gpulease.server.orm import Instance, User
 from gpulease.server.routers.api.presenters import instance_public
-from gpulease.server.routers.deps import runtime, same_origin, tx
-from gpulease.server.routers.ui.account import cross_site_refusal
-from gpulease.server.routers.ui.guards import login_url, viewer
-from gpulease.server.routers.ui.templating import render
+from gpulease.server.routers.ui.guards import (
+    ConsolePage,
+    FormViewer,
+    PageViewer,
+    PartialViewer,
+    console_router,
+)
+from gpulease.server.runtime import Runtime
 from gpulease.server.services import runs
-from gpulease.server.services.instances import lifecycle
+from gpulease.server.services.instances import autostop, lifecycle, schedules
+from gpulease.server.services.instances.resize import RESIZABLE
 from gpulease.server.services.instances.states import (
     FAILED,
     QUEUED,
@@ -32,7 +36,7 @@ from gpulease.server.services.instances.states import (
     STOPPED,
 )
 
-router = APIRouter()
+router = console_router()
 
 FormText = Annotated[str, Form()]
 INSTANCE_RUNS = 50
@@ -58,6 +62,36 @@ class InstanceView:
     can_start: bool
     can_release: bool
     can_run: bool
+
+
+@dataclass(frozen=True)
+class AutostopPanel:
+    """What the automatic-stop and resize partials show (templates/instances/_autostop.html,
+    _resize.html)."""
+
+    autostop: AutostopPublic
+    schedules: list[SchedulePublic]
+    timezone: str
+    gpu_models: list[str]
+    resizable: bool
+    no_gpu_resume: str | None
+    """While started without GPUs: the GPUs a plain start brings back ('T4:2')."""
+
+
+def autostop_panel(session: Session, rt: Runtime, instance: Instance) -> AutostopPanel:
+    owner = session.get(User, instance.owner_id)
+    found = schedules.list_schedules(session, instance)
+    resume = None
+    if instance.resume_gpu_model is not None:
+        resume = f"{instance.resume_gpu_model}:{instance.resume_gpu_count or 1}"
+    return AutostopPanel(
+        autostop=autostop.public(instance, rt.settings.idle_stop_max_minutes),
+        schedules=[SchedulePublic.model_validate(s) for s in found],
+        timezone=owner.timezone if owner is not None else "UTC",
+        gpu_models=[m.name for m in rt.catalog.models if m.is_gpu],
+        resizable=instance.status in RESIZABLE,
+        no_gpu_resume=resume,
+    )
 
 
 def load_instance(
@@ -87,137 +121,99 @@ def load_instance(
 
 
 def _page(
-    request: Request,
-    session: Session,
-    user: User,
-    ref: str,
-    *,
-    error: str = "",
-    command: str = "",
-    status_code: int = 200,
+    console: ConsolePage, ref: str, refusal: GpuleaseError | None = None, *, command: str = ""
 ) -> Response:
-    """Rendered inside the transaction: the partials of other areas get the ORM rows."""
-    public_user = UserPublic.model_validate(user)
+    """The instance page; the partials of other areas (terminal, autostop, support) get
+    `instance` (InstancePublic) and `panel`."""
+    rt = console.runtime
     try:
-        instance, view = load_instance(session, user, runtime(request).catalog, ref)
+        instance, view = load_instance(console.session, console.user, rt.catalog, ref)
     except NotFound as exc:
-        missing = {"title": "Instance not found", "message": exc.message}
-        return render(request, "errors/error.html", missing, user=public_user, status_code=404)
+        return console.refused(exc, "Instance not found")
     context = {
         "view": view,
-        # What other areas' partials get (see the contracts): the ORM rows, and `csrf`, empty
-        # because console forms are guarded by their Origin (routers/deps.same_origin).
-        "instance": instance,
-        "user": user,
+        "instance": view.instance,
+        "panel": autostop_panel(console.session, rt, instance),
+        # empty: console forms are guarded by their Origin (routers/ui/guards.same_site)
         "csrf": "",
-        "error": error,
+        "error": refusal.message if refusal else "",
         "command": command,
         "refresh_ms": REFRESH_MS,
     }
-    return render(
-        request,
-        "instances/page.html",
-        context,
-        user=public_user,
-        page="instance",
-        status_code=status_code,
-    )
+    status = refusal.status if refusal else 200
+    return console.render("instances/page.html", context, page="instance", status_code=status)
 
 
 @router.get("/instances/{ref}")
-def instance_page(ref: str, request: Request) -> Response:
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return RedirectResponse(login_url(request), status_code=303)
-        return _page(request, session, user, ref)
+def instance_page(ref: str, console: PageViewer) -> Response:
+    return _page(console, ref)
 
 
 @router.get("/partials/instances/{ref}")
-def instance_live(ref: str, request: Request) -> Response:
+def instance_live(ref: str, console: PartialViewer) -> Response:
     """The instance page's live parts (status, runs), re-rendered for live.js."""
-    catalog = runtime(request).catalog
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return Response("log in again", status_code=401, media_type="text/plain")
-        try:
-            _, view = load_instance(session, user, catalog, ref)
-        except NotFound as exc:
-            return Response(exc.message, status_code=404, media_type="text/plain")
-        public = UserPublic.model_validate(user)
-    return render(request, "instances/live.html", {"view": view}, user=public)
+    try:
+        _, view = load_instance(console.session, console.user, console.runtime.catalog, ref)
+    except NotFound as exc:
+        return Response(exc.message, status_code=404, media_type="text/plain")
+    return console.render("instances/live.html", {"view": view})
 
 
-def _wake_reconcilers(request: Request) -> None:
-    request.app.state.wake_reconcilers()
-
-
-def _act(
-    request: Request,
+def act_on_instance(
+    console: ConsolePage,
     ref: str,
-    action: Callable[[Session, Instance], str | None],
+    action: Callable[[Instance], object],
     *,
-    notify: Callable[[Request], None] = _wake_reconcilers,
     command: str = "",
+    refused: Callable[[GpuleaseError], Response] | None = None,
 ) -> Response:
-    """A form's POST on the instance: `action` goes through a service and says where to go
-    next (None: back to the instance page); once committed, `notify` wakes whoever acts on
-    the change, then a 303 there. A refusal shows the page again, with `command` as typed."""
-    if not same_origin(request):
-        return cross_site_refusal(request)
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return RedirectResponse(login_url(request), status_code=303)
-        try:
-            with session.begin_nested():
-                if not ref or len(ref) > MAX_REF:
-                    raise NotFound(f"you have no instance {ref[:MAX_REF]!r}")
-                target = action(session, lifecycle.get_instance(session, user, ref))
-        except GpuleaseError as exc:
-            return _page(
-                request,
-                session,
-                user,
-                ref,
-                error=exc.message,
-                command=command,
-                status_code=exc.status,
-            )
-    notify(request)
-    return RedirectResponse(target or f"/instances/{ref}", status_code=303)
+    """A form's POST on the viewer's instance: `action` goes through a service and may say
+    where to go next (a path; anything else: back to the instance page); once committed,
+    the reconcilers wake, then a 303 there. A refusal shows the instance page again with
+    the message (and `command` as typed), or refused(exc) where given."""
+
+    def act() -> str:
+        if not ref or len(ref) > MAX_REF:
+            raise NotFound(f"you have no instance {ref[:MAX_REF]!r}")
+        target = action(lifecycle.get_instance(console.session, console.user, ref))
+        console.wake_reconcilers()
+        return target if isinstance(target, str) else f"/instances/{ref}"
+
+    return console.act(act, refused or (lambda exc: _page(console, ref, exc, command=command)))
 
 
 @router.post("/instances/{ref}/stop")
-def stop(ref: str, request: Request) -> Response:
-    return _act(request, ref, lambda s, i: lifecycle.stop_instance(s, i))
+def stop(ref: str, console: FormViewer) -> Response:
+    return act_on_instance(console, ref, lambda i: lifecycle.stop_instance(console.session, i))
 
 
 @router.post("/instances/{ref}/start")
-def start(ref: str, request: Request) -> Response:
-    rt = runtime(request)
-    return _act(
-        request,
+def start(ref: str, console: FormViewer) -> Response:
+    rt = console.runtime
+    return act_on_instance(
+        console,
         ref,
-        lambda s, i: lifecycle.start_instance(
-            s, i, catalog=rt.catalog, min_start_minutes=rt.settings.min_start_minutes
+        lambda i: lifecycle.start_instance(
+            console.session,
+            i,
+            catalog=rt.catalog,
+            min_start_minutes=rt.settings.min_start_minutes,
         ),
     )
 
 
 @router.post("/instances/{ref}/release")
-def release(ref: str, request: Request) -> Response:
-    return _act(request, ref, lambda s, i: lifecycle.release_instance(s, i))
+def release(ref: str, console: FormViewer) -> Response:
+    return act_on_instance(console, ref, lambda i: lifecycle.release_instance(console.session, i))
 
 
 @router.post("/instances/{ref}/runs")
-def start_run(ref: str, request: Request, command: FormText = "") -> Response:
+def start_run(ref: str, console: FormViewer, command: FormText = "") -> Response:
     """Start a command in the instance (as `gpulease exec`), then go to the run's page."""
-    return _act(
-        request,
-        ref,
-        lambda s, i: f"/runs/{runs.create_run(s, i, command, {}).id}",
-        notify=lambda r: r.app.state.signals.runs.fire(),
-        command=command,
-    )
+
+    def action(instance: Instance) -> str:
+        run = runs.create_run(console.session, instance, command, {})
+        console.after(console.request.app.state.signals.runs.fire)
+        return f"/runs/{run.id}"
+
+    return act_on_instance(console, ref, action, command=command)

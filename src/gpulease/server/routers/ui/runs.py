@@ -6,20 +6,16 @@ import re
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import RedirectResponse
+from fastapi import Query, Response
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import InvalidInput, NotFound
-from gpulease.schemas.accounts import UserPublic
 from gpulease.schemas.runs import RunPublic
 from gpulease.server.orm import User
-from gpulease.server.routers.deps import tx
-from gpulease.server.routers.ui.guards import login_url, viewer
-from gpulease.server.routers.ui.templating import render
+from gpulease.server.routers.ui.guards import PageViewer, PartialViewer, console_router
 from gpulease.server.services import console, runs
 
-router = APIRouter()
+router = console_router()
 
 RUN_ID = re.compile(r"[0-9]{1,9}")  # fits the database's integer column
 TAIL_CHUNKS = 500
@@ -80,79 +76,53 @@ def compare_ids(values: list[str]) -> list[int]:
     return ids
 
 
-def _not_found(request: Request, user: UserPublic, title: str, message: str) -> Response:
-    context = {"title": title, "message": message}
-    return render(request, "errors/error.html", context, user=user, status_code=404)
-
-
 @router.get("/runs/compare")
 def compare_page(
-    request: Request, ids: Annotated[list[str] | None, Query(max_length=400)] = None
+    page: PageViewer, ids: Annotated[list[str] | None, Query(max_length=400)] = None
 ) -> Response:
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return RedirectResponse(login_url(request), status_code=303)
-        public = UserPublic.model_validate(user)
-        try:
-            chosen = compare_ids(ids or [])
-        except InvalidInput as exc:
-            refusal = {"title": "Cannot compare these runs", "message": exc.message}
-            return render(
-                request, "errors/error.html", refusal, user=public, status_code=exc.status
-            )
-        try:
-            picked = [RunPublic.model_validate(runs.get_run(session, user, i)) for i in chosen]
-        except NotFound as exc:
-            return _not_found(request, public, "Run not found", exc.message)
-        recent = [
-            RunPublic.model_validate(r) for r in runs.list_runs(session, user, None, PICKER_RUNS)
-        ]
-        shown = {r.id for r in recent}
-        everything = recent + [r for r in picked if r.id not in shown]
-        names = console.instance_names(session, user, {r.instance_id for r in everything})
-        picker = [
-            PickerRow(r, names.get(r.instance_id, f"#{r.instance_id}"), r.id in chosen)
-            for r in everything
-        ]
-        keys = console.metric_keys(session, chosen)
+    session, user = page.session, page.user
+    try:
+        chosen = compare_ids(ids or [])
+    except InvalidInput as exc:
+        return page.refused(exc, "Cannot compare these runs")
+    try:
+        picked = [RunPublic.model_validate(runs.get_run(session, user, i)) for i in chosen]
+    except NotFound as exc:
+        return page.refused(exc, "Run not found")
+    recent = [RunPublic.model_validate(r) for r in runs.list_runs(session, user, None, PICKER_RUNS)]
+    shown = {r.id for r in recent}
+    everything = recent + [r for r in picked if r.id not in shown]
+    names = console.instance_names(session, user, {r.instance_id for r in everything})
+    picker = [
+        PickerRow(r, names.get(r.instance_id, f"#{r.instance_id}"), r.id in chosen)
+        for r in everything
+    ]
     context = {
         "picker": picker,
         "chosen": picked,
         "ids": ",".join(str(i) for i in chosen),
-        "keys": keys,
+        "keys": console.metric_keys(session, chosen),
         "max_compare": MAX_COMPARE,
     }
-    return render(request, "runs/compare.html", context, user=public, page="compare")
+    return page.render("runs/compare.html", context, page="compare")
 
 
 @router.get("/runs/{ref}")
-def run_page(ref: str, request: Request) -> Response:
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return RedirectResponse(login_url(request), status_code=303)
-        public = UserPublic.model_validate(user)
-        try:
-            view = load_run(session, user, ref)
-        except NotFound as exc:
-            return _not_found(request, public, "Run not found", exc.message)
-        run = runs.get_run(session, user, view.run.id)
-        # `run` and `user` (ORM rows) are what other areas' partials get (see the contracts).
-        context = {"view": view, "run": run, "user": user, "csrf": "", "refresh_ms": REFRESH_MS}
-        return render(request, "runs/page.html", context, user=public, page="run")
+def run_page(ref: str, page: PageViewer) -> Response:
+    try:
+        view = load_run(page.session, page.user, ref)
+    except NotFound as exc:
+        return page.refused(exc, "Run not found")
+    # `run` (RunPublic) is what other areas' partials get (support/_open_ticket.html).
+    context = {"view": view, "run": view.run, "csrf": "", "refresh_ms": REFRESH_MS}
+    return page.render("runs/page.html", context, page="run")
 
 
 @router.get("/partials/runs/{ref}")
-def run_live(ref: str, request: Request) -> Response:
+def run_live(ref: str, page: PartialViewer) -> Response:
     """The run page's summary card, re-rendered for live.js."""
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return Response("log in again", status_code=401, media_type="text/plain")
-        try:
-            view = load_run(session, user, ref)
-        except NotFound as exc:
-            return Response(exc.message, status_code=404, media_type="text/plain")
-        public = UserPublic.model_validate(user)
-    return render(request, "runs/_summary.html", {"view": view}, user=public)
+    try:
+        view = load_run(page.session, page.user, ref)
+    except NotFound as exc:
+        return Response(exc.message, status_code=404, media_type="text/plain")
+    return page.render("runs/_summary.html", {"view": view})

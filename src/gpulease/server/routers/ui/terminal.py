@@ -8,20 +8,17 @@ import json
 import logging
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Request, Response, WebSocket
-from fastapi.responses import RedirectResponse
+from fastapi import Response, WebSocket
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
 from gpulease.core.errors import NotFound
-from gpulease.schemas.accounts import UserPublic
 from gpulease.server.db import transaction
+from gpulease.server.routers.api.presenters import instance_public
 from gpulease.server.routers.api.runner_streams import close_quietly, refuse, until_first_ends
-from gpulease.server.routers.deps import SESSION_COOKIE, tx
-from gpulease.server.routers.ui.guards import login_url, viewer
-from gpulease.server.routers.ui.templating import render
+from gpulease.server.routers.deps import SESSION_COOKIE
+from gpulease.server.routers.ui.guards import PageViewer, console_router, same_site
 from gpulease.server.runtime import Runtime
 from gpulease.server.services.instances import lifecycle
 from gpulease.server.services.instances.states import RUNNING
@@ -35,23 +32,13 @@ from gpulease.server.services.streams import (
     record_activity,
 )
 
-router = APIRouter()
+router = console_router()
 log = logging.getLogger(__name__)
 
 MAX_SIZE = 1000
 # Close codes the page explains: the instance is not running, the runner did not answer.
 NOT_RUNNING_CODE = 4409
 UNAVAILABLE_CODE = 4504
-
-
-def origin_ok(conn: HTTPConnection) -> bool:
-    """A browser's Origin must name this server (WebSockets have no CORS; without this any
-    site could use the visitor's cookie). A client without Origin is not a browser."""
-    origin = conn.headers.get("origin")
-    if origin is None:
-        return True
-    netloc = urlsplit(origin).netloc.lower()
-    return bool(netloc) and netloc == conn.headers.get("host", "").lower()
 
 
 def _find(rt: Runtime, secret: str | None, ref: str) -> tuple[bool, Target | None]:
@@ -103,22 +90,18 @@ class Activity:
 
 
 @router.get("/instances/{ref}/terminal")
-def terminal_page(ref: str, request: Request) -> Response:
+def terminal_page(ref: str, console: PageViewer) -> Response:
     """The terminal on a page of its own (the instance page embeds the same panel)."""
-    with tx(request) as session:
-        user = viewer(session, request)
-        if user is None:
-            return RedirectResponse(login_url(request), status_code=303)
-        public = UserPublic.model_validate(user)
-        try:
-            if not ref or len(ref) > MAX_REF:
-                raise NotFound(f"you have no instance {ref[:MAX_REF]!r}; see the dashboard")
-            instance = lifecycle.get_instance(session, user, ref)
-        except NotFound as exc:
-            refusal = {"title": "Instance not found", "message": exc.message}
-            return render(request, "errors/error.html", refusal, user=public, status_code=404)
-        context = {"instance": instance, "csrf": "", "standalone": True}
-        return render(request, "instances/terminal.html", context, user=public, page="instance")
+    try:
+        if not ref or len(ref) > MAX_REF:
+            raise NotFound(f"you have no instance {ref[:MAX_REF]!r}; see the dashboard")
+        instance = lifecycle.get_instance(console.session, console.user, ref)
+    except NotFound as exc:
+        return console.refused(exc, "Instance not found")
+    positions = lifecycle.queue_position_map(console.session)
+    public = instance_public(console.session, instance, console.runtime.catalog, positions)
+    context = {"instance": public, "csrf": "", "standalone": True}
+    return console.render("instances/terminal.html", context, page="instance")
 
 
 def _size(value: Any, default: int) -> int:
@@ -132,7 +115,9 @@ def _size(value: Any, default: int) -> int:
 async def terminal_socket(websocket: WebSocket, ref: str) -> None:
     """Binary frames: keystrokes in, terminal output out. Text frames: JSON, `resize`
     from the page, `exit` / `error` to it."""
-    if not origin_ok(websocket):
+    # WebSockets have no CORS: without the console's one origin check any site could
+    # open a shell with the visitor's cookie.
+    if not same_site(websocket):
         await refuse(websocket, 403, "this terminal was opened from another site")
         return
     logged_in, target = await lookup(websocket, ref)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from fractions import Fraction
 
 from sqlalchemy.orm import Session
 
@@ -49,6 +50,16 @@ def list_price_hourly(model: GpuModel, count: int, plan: str) -> int:
 
 def block_price(model: GpuModel, count: int) -> int:
     return model.daily_micro * max(count, 1)
+
+
+def daily_saving_pct(model: GpuModel) -> int | None:
+    """How much cheaper a daily block is than 24 hours on demand, in whole percent (half to
+    even); None when the model has no daily price or no hourly one."""
+    block = block_price(model, 1)
+    full_day = model.hourly_micro * 24
+    if not block or not full_day:
+        return None
+    return round(Fraction((full_day - block) * 100, full_day))
 
 
 def daily_rules(model: GpuModel, count: int, symbol: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from datetime import datetime
+from datetime import date, datetime, time, timedelta, tzinfo
 from typing import cast
 
 from sqlalchemy import func, select
@@ -23,6 +23,32 @@ from gpulease.server.orm import User, Voucher, VoucherRedemption
 from gpulease.server.services import ledger
 
 CODE_RE = re.compile(r"^[A-Z0-9][A-Z0-9-]{3,63}$")
+MAX_USES = 1_000_000
+
+
+def parse_use_limit(text: str, what: str) -> int:
+    """A typed number of uses (total, or per user): a whole number from 1 to MAX_USES."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise InvalidInput(f"{what} must be a whole number, not {text!r}") from None
+    if not 1 <= value <= MAX_USES:
+        raise InvalidInput(f"{what} must be from 1 to {MAX_USES:,}")
+    return value
+
+
+def parse_expiry(text: str, zone: tzinfo) -> datetime | None:
+    """A typed date: the voucher works until the end of that day in zone; '' never expires."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        day = date.fromisoformat(text) if len(text) == 10 else None
+    except ValueError:
+        day = None
+    if day is None:
+        raise InvalidInput(f"the expiry must be a date like 2026-12-31, not {text!r}")
+    return datetime.combine(day + timedelta(days=1), time(0), tzinfo=zone)
 
 
 def create_voucher(
@@ -37,7 +63,7 @@ def create_voucher(
 ) -> Voucher:
     if amount_micro <= 0 or amount_micro > ledger.MAX_GRANT_MICRO:
         raise InvalidInput("a voucher's amount must be positive and at most a billion credits")
-    if not 1 <= max_redemptions <= 1_000_000:
+    if not 1 <= max_redemptions <= MAX_USES:
         raise InvalidInput("max redemptions must be between 1 and 1,000,000")
     if not 1 <= per_user_limit <= max_redemptions:
         raise InvalidInput("the per-user limit must be between 1 and the max redemptions")
