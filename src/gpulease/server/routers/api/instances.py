@@ -13,8 +13,7 @@ from gpulease.server.routers.api import autostop as autostop_api
 from gpulease.server.routers.api.presenters import instance_public
 from gpulease.server.routers.deps import CurrentUser, DetachedUser, SessionDep, runtime
 from gpulease.server.services import runs
-from gpulease.server.services.datasets import mounts
-from gpulease.server.services.instances import autostop, lifecycle, workdir
+from gpulease.server.services.instances import lifecycle, opening, workdir
 
 router = APIRouter(tags=["instances"])
 
@@ -39,35 +38,7 @@ def create_instance(
     after: BackgroundTasks,
 ) -> InstancePublic:
     rt = runtime(request)
-    instance = lifecycle.create_instance(
-        session,
-        user,
-        catalog=rt.catalog,
-        gpu=body.gpu,
-        template=body.template,
-        name=body.name,
-        auto_release=body.auto_release,
-        awaiting_workdir=body.awaiting_workdir,
-        plan=body.plan,
-        team=body.team,
-        start_when_cheap=body.start_when_cheap,
-        auto_renew=body.auto_renew,
-        min_start_minutes=rt.settings.min_start_minutes,
-        workspaces=rt.settings.workspaces_path,
-    )
-    if body.datasets:
-        mounts.attach_datasets(session, user, instance, body.datasets)
-    wanted = (body.idle_util_pct, body.idle_minutes, body.max_runtime_minutes)
-    if any(v is not None for v in wanted):
-        autostop.set_autostop(
-            session,
-            instance,
-            idle_util=body.idle_util_pct,
-            idle_minutes=body.idle_minutes,
-            max_runtime_minutes=body.max_runtime_minutes,
-            stop_after_run=None,
-            ceiling=rt.settings.idle_stop_max_minutes,
-        )
+    instance = opening.open_instance(session, user, body, catalog=rt.catalog, settings=rt.settings)
     _wake_after_commit(request, after)
     return _public(request, session, instance)
 
