@@ -100,12 +100,37 @@ def test_run_task_file_uploads_runs_streams_and_releases(cli: Cli, tmp_path: Pat
     assert re.fullmatch(r"cat-breeds-v2-[0-9a-f]{4}", instance.name)
     assert (instance.gpu_model, instance.gpu_count) == ("T4", 1)
     (run,) = cli.server.cluster.runs
-    assert run["command"] == "set -e\npip list\nset +e\npython train.py"
+    assert "exec bash -c 'pip list' setup)" in run["command"]
+    assert run["command"].endswith("exec bash -c 'python train.py' run")
     assert run["env"] == {"EPOCHS": "3", "LR": "0.5"}
     members = tar_members(cli.server.cluster.workdirs[instance.id] or b"")
     assert members == {"train.py": b"print('training')\n"}
     # the run stopped its instance, and auto-release gives it back
     cli.server.cluster.wait_for(lambda: ann.instances.get(instance.id).status == "released")
+
+
+def test_run_picks_among_skypilot_accelerators_and_warns_of_cloud_fields(
+    cli: Cli, tmp_path: Path
+) -> None:
+    ann = cli.login_as("ann")
+    free = {m.name: m.free for m in ann.catalog.gpus() if m.is_gpu and m.free}
+    assert "T4" in free, free
+    (tmp_path / "t.yaml").write_text(
+        "resources:\n  cloud: aws\n  disk_size: 100\n  accelerators: {h100, t4}\nrun: echo hi\n"
+    )
+    cli.server.cluster.job = lambda run: ([("stdout", "hi\n")], 0)
+    cli.server.cluster.start()
+    result = cli("run", str(tmp_path / "t.yaml"))
+    assert result.exit_code == 0, result.output
+    assert (
+        "ignored here" in result.stderr and "resources.cloud, resources.disk_size" in result.stderr
+    )
+    assert "accelerators h100:1, t4:1: T4:1 (free now" in result.stderr
+    (instance,) = ann.instances.list(include_released=True)
+    assert (instance.gpu_model, instance.gpu_count) == ("T4", 1)
+    (tmp_path / "u.yaml").write_text("resources: {accelerators: 'L4:1'}\nrun: x\n")
+    unknown = cli("run", str(tmp_path / "u.yaml"))
+    assert unknown.exit_code == 2 and "L4:1: no such GPU here" in unknown.stderr
 
 
 def test_run_command_form_without_workdir_and_exit_code(cli: Cli) -> None:

@@ -36,7 +36,9 @@ from gpulease.client import (
     pack_workdir,
     position,
 )
-from gpulease.core.taskspec import TaskSpec, parse_task
+from gpulease.core.money import format_credits
+from gpulease.core.taskspec import AcceleratorChoice, TaskSpec, matching_models, parse_task
+from gpulease.schemas.catalog import GpuModelPublic
 from gpulease.schemas.instances import InstanceCreate
 from gpulease.schemas.runs import LogChunkPublic, RunCreate
 
@@ -167,10 +169,13 @@ def load_task(
         if not path.is_file():
             fail(f"task file {path} not found", 2)
         spec = parse_task(path.read_text())
+        if (warning := spec.ignored_warning()) is not None:
+            note(warning)
         spec = replace(
             spec,
             name=name or spec.name,
             accelerators=gpu or spec.accelerators,
+            accelerator_choices=() if gpu else spec.accelerator_choices,
             template=template or spec.template,
             envs={**spec.envs, **env},
         )
@@ -244,7 +249,46 @@ def run(
             archive.close()
 
 
+def pick_accelerators(
+    choices: tuple[AcceleratorChoice, ...], models: list[GpuModelPublic]
+) -> tuple[str, str | None]:
+    """The GPUs to rent for a task's choices ('A100:1', or any of several): each name
+    stands for its catalog models (matching_models); of all those, one with enough GPUs
+    free now, then the cheapest, then the first written. Returns 'MODEL:COUNT' and, when
+    that took a choice, the line that says what was picked and why. Exits with a message
+    when no choice names a model of the catalog."""
+    by_name = {m.name: m for m in models if m.is_gpu}
+    candidates: list[tuple[GpuModelPublic, int]] = []
+    for choice in choices:
+        for name in matching_models(choice.name, list(by_name)):
+            candidates.append((by_name[name], choice.count))
+    if not candidates:
+        wanted = ", ".join(str(c) for c in choices)
+        fail(
+            f"resources.accelerators: {wanted}: no such GPU here; this server has "
+            f"{', '.join(by_name) or 'no GPUs'} (`gpulease gpus`)",
+            2,
+        )
+    order = {id(c): i for i, c in enumerate(candidates)}
+    model, count = min(
+        candidates,
+        key=lambda c: (c[0].free < c[1], c[0].hourly_micro * c[1], order[id(c)]),
+    )
+    picked = f"{model.name}:{count}"
+    written = [str(c) for c in choices]
+    if len(candidates) == 1 and written == [picked]:
+        return picked, None
+    why = "free now" if model.free >= count else f"none has {count} free now, so it queues"
+    price = format_credits(model.hourly_micro * count)
+    return picked, f"accelerators {', '.join(written)}: {picked} ({why}, {price}/h)"
+
+
 def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | None) -> int:
+    if spec.accelerator_choices:
+        picked, line = pick_accelerators(spec.accelerator_choices, client.catalog.gpus())
+        if line is not None:
+            note(line)
+        spec = replace(spec, accelerators=picked)
     instance = client.instances.create(
         InstanceCreate(
             gpu=spec.accelerators,
