@@ -13,6 +13,7 @@ from sqlalchemy import create_engine, text
 
 from gpulease.server.db import make_engine, migrate
 from gpulease.server.orm import Base
+from ray_support import ray_cluster  # noqa: F401  (one Ray cluster per session)
 
 PG_ADMIN_URL = os.environ.get("GPULEASE_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
 

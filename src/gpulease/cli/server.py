@@ -67,6 +67,15 @@ def node_gpus_text(rt: Runtime) -> str:
 def server(
     host: Annotated[str | None, typer.Option("--host", help="default: GPULEASE_HOST")] = None,
     port: Annotated[int | None, typer.Option("--port", help="default: GPULEASE_PORT")] = None,
+    backend: Annotated[
+        str | None, typer.Option("--backend", help="local or ray; default: GPULEASE_BACKEND")
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address", help="the Ray head's HOST:PORT; default: GPULEASE_RAY_ADDRESS"
+        ),
+    ] = None,
 ) -> None:
     """Run the gpulease server here (settings from GPULEASE_* environment variables)."""
     from sqlalchemy.exc import SQLAlchemyError
@@ -83,6 +92,10 @@ def server(
         overrides["host"] = host
     if port is not None:
         overrides["port"] = port
+    if backend is not None:
+        overrides["backend"] = backend
+    if ray_address is not None:
+        overrides["ray_address"] = ray_address
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
@@ -103,7 +116,9 @@ def server(
         ("url", f"{scheme}://{settings.host}:{settings.port}"),
         ("data", str(settings.home)),
         ("database", database_text(settings)),
-        ("node", node_gpus_text(rt)),
+        ("node", node_gpus_text(rt))
+        if settings.backend == "local"
+        else ("backend", f"Ray cluster at {settings.ray_address}"),
     ):
         out.print(f"  {key:<9} {escape(value)}", soft_wrap=True)
     if tls is not None:

@@ -59,6 +59,9 @@ class RunnerSpec:
     # The host uid the instance's jobs run as (runner/sandbox.py instance_uid: the server's
     # GPULEASE_SANDBOX_UID_BASE + instance id); None: the default base + instance id.
     sandbox_uid: int | None = None
+    # The node the scheduler placed the instance on (its name in the node inventory): a
+    # fleet backend (Ray) starts the runner there. None: the server's own host.
+    node: str | None = None
 
     def to_json(self) -> str:
         return _SPEC.dump_json(self).decode()

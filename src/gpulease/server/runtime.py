@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpulease.backends.base import Backend
 from gpulease.core.catalog import Catalog, default_pricing_text, load_catalog
+from gpulease.core.errors import InvalidInput
 from gpulease.gpus.discovery import Nvml, discover
 from gpulease.server.db import make_engine, make_sessionmaker, migrate, transaction
 from gpulease.server.isolation import require_sandbox
@@ -36,6 +37,21 @@ class Runtime:
 
 
 def default_backend(settings: Settings) -> Backend:
+    """The backend settings.backend names; Ray is imported only when it is the one."""
+    if settings.backend == "ray":
+        if not settings.ray_address:
+            raise InvalidInput(
+                "GPULEASE_BACKEND=ray needs the cluster's address: set GPULEASE_RAY_ADDRESS "
+                "or pass --ray-address HOST:PORT (the head's GCS port)"
+            )
+        from gpulease.backends.ray import RayBackend
+
+        return RayBackend(
+            settings.ray_address,
+            settings.ray_node_home,
+            namespace=settings.ray_namespace,
+            shared_env_cache=settings.env_cache,
+        )
     from gpulease.backends.local import LocalBackend
 
     return LocalBackend()
@@ -68,9 +84,13 @@ def build_runtime(
     sessions = make_sessionmaker(engine)
     vault = open_vault(settings, sessions)
     node_name = settings.node_name or platform.node() or "local"
-    inventory = discover(catalog, settings.simulated_gpus, nvml=nvml)
+    backend = backend or default_backend(settings)
+    # a fleet backend's nodes come from its cluster (server/reconcilers/fleet.py)
+    local = settings.backend == "local"
+    inventory = discover(catalog, settings.simulated_gpus, nvml=nvml) if local else None
     with transaction(sessions) as session:
-        nodes.register_node(session, node_name, "local", inventory)
+        if inventory is not None:
+            nodes.register_node(session, node_name, "local", inventory)
         password = settings.admin_password.get_secret_value() if settings.admin_password else None
         generated = users.ensure_admin(session, settings.admin_name, password)
     return Runtime(
@@ -78,7 +98,7 @@ def build_runtime(
         engine=engine,
         sessions=sessions,
         catalog=catalog,
-        backend=backend or default_backend(settings),
+        backend=backend,
         node_name=node_name,
         admin_password_generated=generated,
         vault=vault,

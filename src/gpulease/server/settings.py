@@ -37,7 +37,14 @@ class Settings(BaseSettings):
     simulated_gpus: str = ""
     env_cache: Path | None = None
 
-    backend: Literal["local"] = "local"
+    # local: runners on this host. ray: on the nodes of the Ray cluster at RAY_ADDRESS
+    # (docs/ray.md); this host then offers no GPUs of its own.
+    backend: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
+    ray_namespace: str = "gpulease"
+    # On every Ray node: the directory under which it keeps workspaces, runners' files,
+    # environments and dataset caches, one folder per node name.
+    ray_node_home: Path = Path("/var/lib/gpulease-node")
     node_name: str | None = None
     tick_interval_s: float = 1.0
     heartbeat_interval_s: float = 2.0

@@ -91,6 +91,7 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             server_certificate=runner_trust(rt.settings),
             dataset_cache=rt.settings.dataset_cache_path,
             server_socket=server_socket,
+            node=instance.node.name if instance.node is not None else None,
         )
     try:
         handle = rt.backend.start(spec)

@@ -7,7 +7,16 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpulease.server.reconcilers import billing, health, idle, launcher, meter, notify, scheduler
+from gpulease.server.reconcilers import (
+    billing,
+    fleet,
+    health,
+    idle,
+    launcher,
+    meter,
+    notify,
+    scheduler,
+)
 from gpulease.server.reconcilers import schedules as schedule_fires
 from gpulease.server.reconcilers.gpu_samples import (
     PRUNE_INTERVAL_S,
@@ -27,6 +36,7 @@ def steps(rt: Runtime) -> list[tuple[Step, float]]:
         (schedule_fires.tick, 0),  # first: a scheduled start queues in time for this placement
         (scheduler.tick, 0),
         (launcher.tick, 0),
+        (fleet.tick, 0),  # a fleet backend's nodes; before health, which it explains
         (health.tick, 0),
         (idle.tick, 5),  # idle stop and maximum runtime; every 5 s is soon enough
         (meter.tick, 0),

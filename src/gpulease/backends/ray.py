@@ -1,0 +1,350 @@
+"""The Ray backend: a Ray cluster's nodes are the fleet, each runner a detached actor on its node.
+
+A node tells what it offers through custom resources given to `ray start --resources`
+(docs/ray.md):
+
+    gpulease/<MODEL>: N          N GPUs of the catalog model MODEL ("gpulease/A100-80GB": 2)
+    gpulease/cpu: 1              a node that offers CPU-only instances and no GPUs
+    gpulease/name:<NAME>: 1      the node's name in gpulease (default ray-<first 12 of its id>)
+    gpulease/driver:<VERSION>: 1 the NVIDIA driver version, gpulease/cuda:<X.Y>: 1 its CUDA
+    gpulease/simulated: 1        its GPUs are simulated (development and tests)
+
+A node with none of these resources (a head without GPUs, say) is not offered.
+
+The runner is the same `python -m gpulease.runner` as on the local backend, started by the
+actor on the actor's node (through LocalBackend there, so stop and force-kill behave
+alike), with its files under the node's own home: nothing assumes the server's disk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from gpulease.backends.base import RunnerSpec
+from gpulease.backends.fleet import FleetNode
+from gpulease.core.catalog import Catalog
+from gpulease.core.errors import Unavailable
+from gpulease.gpus.discovery import DiscoveredGpu, Inventory
+
+log = logging.getLogger(__name__)
+
+PREFIX = "gpulease/"
+NAME_PREFIX = "gpulease/name:"
+DRIVER_PREFIX = "gpulease/driver:"
+CUDA_PREFIX = "gpulease/cuda:"
+SIMULATED = "gpulease/simulated"
+CPU_ONLY = "gpulease/cpu"
+# A started actor not yet in the cluster's actor table counts as alive for this long.
+PENDING_S = 30.0
+# alive() outside the reconciler loop refreshes a view older than this.
+STALE_S = 5.0
+FORCE_KILL_AFTER_S = 5.0
+
+
+def node_name(node: dict[str, Any]) -> str:
+    """A node's gpulease name: its gpulease/name:<NAME> resource, else ray-<id prefix>."""
+    for key in node.get("Resources", {}):
+        if key.startswith(NAME_PREFIX) and len(key) > len(NAME_PREFIX):
+            return str(key[len(NAME_PREFIX) :])
+    return f"ray-{str(node['NodeID'])[:12]}"
+
+
+def _tagged(resources: dict[str, Any], prefix: str) -> str | None:
+    for key in resources:
+        if key.startswith(prefix) and len(key) > len(prefix):
+            return str(key[len(prefix) :])
+    return None
+
+
+def node_inventory(resources: dict[str, Any], name: str, catalog: Catalog) -> Inventory | None:
+    """A node's GPUs from its gpulease/<MODEL> resources, or None for a node that does not
+    offer anything to gpulease. GPU uuids are ray:<node name>:<index>, stable across the
+    node's restarts."""
+    offered = any(
+        key.startswith(PREFIX) and not key.startswith((NAME_PREFIX, DRIVER_PREFIX, CUDA_PREFIX))
+        for key in resources
+    )
+    if not offered:
+        return None
+    simulated = SIMULATED in resources
+    gpus: list[DiscoveredGpu] = []
+    for key in sorted(resources):
+        label = key[len(PREFIX) :]
+        if not key.startswith(PREFIX) or ":" in label or key in (SIMULATED, CPU_ONLY):
+            continue
+        model = next((m for m in catalog.models if m.name.lower() == label.lower()), None)
+        if model is None or not model.is_gpu:
+            log.warning("node %s offers %s, a model the catalog does not have", name, label)
+        for _ in range(int(resources[key])):
+            index = len(gpus)
+            gpus.append(
+                DiscoveredGpu(
+                    index=index,
+                    uuid=f"ray:{name}:{index}",
+                    nvml_name=label,
+                    model=model.name if model is not None and model.is_gpu else None,
+                    memory_mb=int(model.memory_gb * 1024) if model is not None else 0,
+                    simulated=simulated,
+                )
+            )
+    return Inventory(
+        driver_version=_tagged(resources, DRIVER_PREFIX),
+        cuda_version=_tagged(resources, CUDA_PREFIX),
+        gpus=gpus,
+    )
+
+
+def _handle(name: str, actor_id: str) -> str:
+    return json.dumps({"actor": name, "actor_id": actor_id})
+
+
+def _parse_handle(handle: str) -> tuple[str, str] | None:
+    try:
+        data = json.loads(handle)
+        return str(data["actor"]), str(data["actor_id"])
+    except (ValueError, KeyError, TypeError):
+        log.error("not a Ray backend handle: %r", handle)
+        return None
+
+
+class RunnerActor:
+    """Hosts one runner process on its node and lives exactly as long as that runner.
+
+    Threaded (max_concurrency=2): watch() blocks until the runner exits and then ends the
+    actor, while stop() can still reach it.
+    """
+
+    def __init__(self, spec_json: str) -> None:
+        from gpulease.backends.local import LocalBackend
+
+        spec = RunnerSpec.from_json(spec_json)
+        for path in (spec.workspace, spec.env_cache):
+            path.mkdir(parents=True, exist_ok=True)
+        self._local = LocalBackend()
+        self._runner = self._local.start(spec)
+
+    def watch(self) -> None:
+        while self._local.alive(self._runner):
+            time.sleep(0.5)
+        ray.actor.exit_actor()  # type: ignore[no-untyped-call]
+
+    def stop(self, force: bool) -> None:
+        self._local.stop(self._runner, force=force)
+
+
+@dataclass
+class _View:
+    """What the cluster looked like at one moment: node ids alive, actor states by id."""
+
+    at: float
+    alive_nodes: set[str]
+    actors: dict[str, tuple[str, str]]  # actor id -> (state, node id)
+
+
+class RayBackend:
+    """Runners as detached actors of a Ray cluster, each pinned to the node the scheduler
+    chose (NodeAffinitySchedulingStrategy, soft=False) and holding its GPUs (num_gpus).
+
+    The handle is {"actor", "actor_id"}: the name finds the actor again after a server
+    restart (detached actors outlive the driver), the id tells it from a later one.
+    """
+
+    name = "ray"
+    same_host = False
+
+    def __init__(
+        self,
+        address: str,
+        node_home: Path,
+        *,
+        namespace: str = "gpulease",
+        shared_env_cache: Path | None = None,
+    ) -> None:
+        """node_home: the directory under which each node keeps its files (one folder per
+        node name). shared_env_cache: a template environment cache that every node mounts
+        at the same path (NFS, say); None: each node builds its own under its home."""
+        self._namespace = namespace
+        self._node_home = node_home
+        self._shared_env_cache = shared_env_cache
+        self._lock = threading.Lock()
+        self._view: _View | None = None
+        self._node_ids: dict[str, str] = {}  # gpulease node name -> Ray node id, alive ones
+        self._seen: dict[str, FleetNode] = {}  # Ray node id -> the node as last seen
+        self._started: dict[str, float] = {}  # actor id -> monotonic start time
+        if not ray.is_initialized():
+            _check_reachable(address)  # ray.init would retry an unreachable one for minutes
+            try:
+                ray.init(
+                    address=address,
+                    namespace=namespace,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                    configure_logging=False,
+                )
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise Unavailable(
+                    f"cannot connect to the Ray cluster at {address}: {exc}; start its head "
+                    "with `ray start --head` or fix GPULEASE_RAY_ADDRESS"
+                ) from exc
+
+    # -- the fleet ------------------------------------------------------------------------
+
+    def nodes(self, catalog: Catalog) -> list[FleetNode]:
+        raw = self._refresh()
+        found: dict[str, FleetNode] = {}
+        ids: dict[str, str] = {}
+        for node in sorted(raw, key=lambda n: bool(n.get("Alive"))):  # the living win
+            node_id = str(node["NodeID"])
+            alive = bool(node.get("Alive"))
+            resources = node.get("Resources") or {}
+            if not alive and not resources:  # Ray forgets a dead node's resources
+                with self._lock:
+                    seen = self._seen.get(node_id)
+                if seen is not None:
+                    found[seen.name] = replace(seen, alive=False)
+                continue
+            name = node_name(node)
+            inventory = node_inventory(resources, name, catalog)
+            if inventory is None:
+                continue
+            ids[name] = node_id
+            found[name] = FleetNode(
+                name=name,
+                hostname=str(node.get("NodeManagerHostname") or node.get("NodeManagerAddress")),
+                cpu_count=int(resources.get("CPU", 0)),
+                memory_mb=int(resources.get("memory", 0)) // (1024 * 1024),
+                inventory=inventory,
+                alive=alive,
+            )
+            with self._lock:
+                self._seen[node_id] = found[name]
+        with self._lock:
+            self._node_ids = {name: ids[name] for name, n in found.items() if n.alive}
+        return list(found.values())
+
+    # -- runners --------------------------------------------------------------------------
+
+    def node_spec(self, spec: RunnerSpec, node: str) -> RunnerSpec:
+        """spec with its paths moved under the node's home: <node home>/<node name>/."""
+        home = self._node_home / node
+        return replace(
+            spec,
+            workspace=home / "workspaces" / spec.workspace.name,
+            run_dir=home / "runners" / spec.run_dir.name,
+            env_cache=self._shared_env_cache or home / "envs",
+            dataset_cache=home / "datasets",
+        )
+
+    def start(self, spec: RunnerSpec) -> str:
+        node = spec.node
+        if not node:
+            raise Unavailable(f"instance {spec.instance_id} has no node to start on")
+        with self._lock:
+            node_id = self._node_ids.get(node)
+        if node_id is None:
+            raise Unavailable(f"node {node} is not in the Ray cluster now")
+        name = f"gpulease-runner-{spec.instance_id}-{secrets.token_hex(3)}"
+        remote: Any = ray.remote(RunnerActor)
+        actor: Any = remote.options(
+            name=name,
+            namespace=self._namespace,
+            lifetime="detached",
+            num_cpus=0,
+            num_gpus=len(spec.gpu_uuids),
+            max_concurrency=2,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(self.node_spec(spec, node).to_json())
+        actor.watch.remote()
+        actor_id = actor._actor_id.hex()
+        with self._lock:
+            self._started[actor_id] = time.monotonic()
+        log.info("started runner actor %s on node %s for instance %d", name, node, spec.instance_id)
+        return _handle(name, actor_id)
+
+    def alive(self, handle: str) -> bool:
+        parsed = _parse_handle(handle)
+        if parsed is None:
+            return False
+        _name, actor_id = parsed
+        with self._lock:
+            view = self._view
+        if view is None or time.monotonic() - view.at > STALE_S:
+            self._refresh()
+            with self._lock:
+                view = self._view
+        assert view is not None
+        state = view.actors.get(actor_id)
+        if state is None:
+            with self._lock:
+                started = self._started.get(actor_id)
+            return started is not None and time.monotonic() - started < PENDING_S
+        status, node_id = state
+        if status == "DEAD":
+            return False
+        return status != "ALIVE" or node_id in view.alive_nodes
+
+    def _refresh(self) -> list[dict[str, Any]]:
+        """Read the cluster's nodes and its whole actor table (two GCS calls) into the view."""
+        raw: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+        actors: dict[str, dict[str, Any]] = ray._private.state.actors()
+        view = _View(
+            at=time.monotonic(),
+            alive_nodes={str(n["NodeID"]) for n in raw if n.get("Alive")},
+            actors={
+                str(i): (str(a.get("State")), str((a.get("Address") or {}).get("NodeID")))
+                for i, a in actors.items()
+            },
+        )
+        with self._lock:
+            self._view = view
+        return raw
+
+    def stop(self, handle: str, *, force: bool = False) -> None:
+        """Ask the actor to stop its runner (SIGTERM, or with force kill its whole tree) and,
+        with force, kill the actor itself a moment later should it not have ended."""
+        parsed = _parse_handle(handle)
+        if parsed is None:
+            return
+        name, actor_id = parsed
+        try:
+            actor = ray.get_actor(name, namespace=self._namespace)
+        except ValueError:
+            return  # gone already
+        if actor._actor_id.hex() != actor_id:
+            return  # a later actor took the name
+        actor.stop.remote(force)
+        if force:
+            timer = threading.Timer(FORCE_KILL_AFTER_S, _kill, (actor,))
+            timer.daemon = True
+            timer.start()
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as exc:
+        raise Unavailable(
+            f"cannot reach the Ray cluster at {address}: {exc}; start its head with "
+            "`ray start --head` or set GPULEASE_RAY_ADDRESS to the head's HOST:PORT"
+        ) from exc
+
+
+def _kill(actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # gone meanwhile; nothing left to kill
+        log.debug("actor already gone", exc_info=True)

@@ -1,0 +1,136 @@
+"""A real local Ray cluster for the Ray backend's tests: a head and worker nodes on loopback.
+
+Several nodes on one host are what Ray's own `ray.cluster_utils.Cluster` gives (`ray start`
+refuses a second node on a host whose only address is loopback). Every process binds to
+127.0.0.1 only: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray from swapping 127.0.0.1 for
+the host's other address. The cluster is shared by all Ray tests of a session; tests add
+and kill nodes of their own and leave gpu-a and gpu-b as they found them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RAY_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # loopback only
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "0",
+}
+# A killed node is declared dead after about 3 s instead of about 30 s.
+FAST_DEATH = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
+MiB = 1024 * 1024
+# Ray reads these when it is imported, and any test module may import it first.
+for _key, _value in RAY_ENV.items():
+    os.environ.setdefault(_key, _value)
+
+
+def worker_resources(name: str, gpus: int = 2, model: str = "A100-80GB") -> dict[str, float]:
+    """The resources `ray start --resources` gives a simulated GPU node (docs/ray.md)."""
+    return {
+        f"gpulease/{model}": float(gpus),
+        f"gpulease/name:{name}": 1.0,
+        "gpulease/driver:550.54.15": 1.0,
+        "gpulease/cuda:12.4": 1.0,
+        "gpulease/simulated": 1.0,
+    }
+
+
+@dataclass
+class RayCluster:
+    cluster: Any  # ray.cluster_utils.Cluster
+    root: Path  # node homes live under root/nodes/<name>
+    workers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    @property
+    def node_home(self) -> Path:
+        return self.root / "nodes"
+
+    def add_worker(self, name: str, gpus: int = 2, model: str = "A100-80GB") -> None:
+        self.workers[name] = self.cluster.add_node(
+            node_ip_address="127.0.0.1",
+            num_cpus=1,
+            num_gpus=gpus,
+            object_store_memory=80 * MiB,
+            resources=worker_resources(name, gpus, model),
+        )
+
+    def kill_worker(self, name: str) -> None:
+        """The node dies as a host would: its raylet and Ray workers are SIGKILLed, and so
+        is every runner that lives under its home, with its jobs."""
+        self.cluster.remove_node(self.workers.pop(name), allow_graceful=False)
+        kill_processes_under(self.node_home / name)
+
+
+def kill_processes_under(home: Path) -> None:
+    """SIGKILL every process whose command line names a path under home, and their sessions."""
+    from gpulease.backends.procfs import all_stats
+
+    marker = f"{home}/".encode()
+    leaders = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if marker in (entry / "cmdline").read_bytes():
+                leaders.add(int(entry.name))
+    victims = leaders | {s.pid for s in all_stats() if s.session in leaders}
+    victims.discard(os.getpid())
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    """Head (no GPUs, not offered) and two nodes, gpu-a and gpu-b, with 2 simulated
+    A100-80GB each. Started once per session: a start costs about 15 s here."""
+    try:
+        from ray.cluster_utils import Cluster
+    except ImportError:
+        pytest.skip("Ray is not installed: pip install 'gpulease[ray]'")
+    root = Path(tempfile.mkdtemp(prefix="gpl-ray-"))
+    saved = {"RAY_TMPDIR": os.environ.get("RAY_TMPDIR")}
+    os.environ["RAY_TMPDIR"] = str(root / "tmp")
+    (root / "tmp" / "ray").mkdir(parents=True)
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "node_ip_address": "127.0.0.1",
+            "dashboard_host": "127.0.0.1",
+            "include_dashboard": False,
+            "num_cpus": 1,
+            "object_store_memory": 80 * MiB,
+            "temp_dir": str(root / "tmp"),
+            "_system_config": FAST_DEATH,
+        },
+    )
+    ray_cluster = RayCluster(cluster=cluster, root=root)
+    try:
+        for name in ("gpu-a", "gpu-b"):
+            ray_cluster.add_worker(name)
+        yield ray_cluster
+    finally:
+        kill_processes_under(ray_cluster.node_home)
+        cluster.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,147 @@
+"""The fleet reconciler on a fake fleet: nodes join and leave, instances on a gone node end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from starlette.testclient import TestClient
+
+from factories import Caller, make_running_instance, make_settings
+from gpulease.backends.fake import FakeBackend
+from gpulease.backends.fleet import FleetNode
+from gpulease.core.catalog import Catalog
+from gpulease.gpus.discovery import DiscoveredGpu, Inventory
+from gpulease.server.db import transaction
+from gpulease.server.orm import Instance, Node, UsageSegment
+from gpulease.server.runtime import Runtime, build_runtime
+from gpulease.server.settings import Settings
+
+
+def fleet_node(name: str, gpus: int = 2, model: str = "A100-80GB", alive: bool = True) -> FleetNode:
+    return FleetNode(
+        name=name,
+        hostname=f"{name}.cluster",
+        cpu_count=8,
+        memory_mb=64_000,
+        inventory=Inventory(
+            driver_version="550.54.15",
+            cuda_version="12.4",
+            gpus=[
+                DiscoveredGpu(i, f"ray:{name}:{i}", model, model, 81920, simulated=True)
+                for i in range(gpus)
+            ],
+        ),
+        alive=alive,
+    )
+
+
+class FakeFleet(FakeBackend):
+    """The fake backend with a fleet whose nodes a test sets."""
+
+    name = "ray"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fleet: list[FleetNode] = []
+
+    def nodes(self, catalog: Catalog) -> list[FleetNode]:
+        return list(self.fleet)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str) -> Settings:
+    return make_settings(tmp_path / "home", database_url, backend="ray", ray_address="x:1")
+
+
+@pytest.fixture
+def backend() -> FakeFleet:
+    return FakeFleet()
+
+
+@pytest.fixture
+def rt(settings: Settings, backend: FakeFleet) -> Iterator[Runtime]:
+    runtime = build_runtime(settings, backend)
+    yield runtime
+    runtime.engine.dispose()
+
+
+def free_total(caller: Caller, model: str) -> tuple[int, int]:
+    entry = next(m for m in caller.get("/api/v1/gpus").json() if m["name"] == model)
+    return entry["free"], entry["total"]
+
+
+def test_the_servers_host_is_no_node_on_a_fleet_backend(rt: Runtime, admin: Caller) -> None:
+    assert admin.get("/api/v1/nodes").json() == []
+
+
+def test_nodes_join_and_leave(
+    rt: Runtime, backend: FakeFleet, admin: Caller, ann: Caller, tick, http: TestClient
+) -> None:  # type: ignore[no-untyped-def]
+    backend.fleet = [fleet_node("gpu-a"), fleet_node("gpu-b", gpus=1, model="T4")]
+    tick()
+    listed = {n["name"]: n for n in admin.get("/api/v1/nodes").json()}
+    assert set(listed) == {"gpu-a", "gpu-b"}
+    a = listed["gpu-a"]
+    assert (a["status"], a["backend"], a["hostname"], a["cpu_count"]) == (
+        "ready",
+        "ray",
+        "gpu-a.cluster",
+        8,
+    )
+    assert a["driver_version"] == "550.54.15"
+    assert free_total(ann, "A100-80GB") == (2, 2)
+    assert free_total(ann, "T4") == (1, 1)
+
+    backend.fleet = [fleet_node("gpu-a")]  # gpu-b left (Ray no longer lists it)
+    tick()
+    listed = {n["name"]: n for n in admin.get("/api/v1/nodes").json()}
+    assert listed["gpu-b"]["status"] == "gone"
+    assert free_total(ann, "T4") == (0, 0)
+
+    backend.fleet = [fleet_node("gpu-a"), fleet_node("gpu-b", gpus=1, model="T4")]
+    tick()  # it came back
+    assert {n["name"]: n["status"] for n in admin.get("/api/v1/nodes").json()} == {
+        "gpu-a": "ready",
+        "gpu-b": "ready",
+    }
+    assert free_total(ann, "T4") == (1, 1)
+    # a node whose GPUs changed is registered again with the new ones
+    backend.fleet = [fleet_node("gpu-a", gpus=1), fleet_node("gpu-b", gpus=1, model="T4")]
+    tick()
+    assert free_total(ann, "A100-80GB") == (1, 1)
+    # other users see the catalog counts, never the node list
+    assert ann.get("/api/v1/nodes").status_code == 403
+
+
+def test_an_instance_on_a_node_that_leaves_fails_with_the_reason(
+    rt: Runtime, backend: FakeFleet, ann: Caller, tick, runner_for
+) -> None:  # type: ignore[no-untyped-def]
+    backend.fleet = [fleet_node("gpu-a")]
+    tick()
+    instance_id, runner = make_running_instance(ann, tick, runner_for, gpu="A100-80GB:2")
+    spec = backend.started[-1]
+    assert spec.node == "gpu-a"  # the launcher tells a fleet backend where to start it
+    runner.heartbeat()
+    with transaction(rt.sessions) as session:
+        instance = session.get(Instance, instance_id)
+        assert instance is not None and instance.status == "running"
+        last_heartbeat = instance.last_heartbeat_at
+
+    backend.fleet = [fleet_node("gpu-a", alive=False)]  # the node died
+    tick()
+    got = ann.get(f"/api/v1/instances/{instance_id}").json()
+    assert got["status"] == "failed"
+    assert got["status_reason"] == "node gpu-a left the cluster"
+    assert free_total(ann, "A100-80GB") == (0, 0)  # its GPUs are no longer offered
+    with transaction(rt.sessions) as session:
+        instance = session.get(Instance, instance_id)
+        assert instance is not None and instance.stopped_at is not None
+        node = session.scalar(select(Node).where(Node.name == "gpu-a"))
+        assert node is not None and node.status == "gone"
+        ends = session.scalars(
+            select(UsageSegment.ended_at).where(UsageSegment.instance_id == instance_id)
+        ).all()
+        assert ends == [last_heartbeat]  # billed up to the last heartbeat, not the tick
