@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.errors import InvalidInput
 from gpulease.schemas.metrics import (
+    METRIC_KEY_PATTERN,
     MetricPointPublic,
     MetricSeries,
     RunMetrics,
@@ -23,7 +23,7 @@ from gpulease.schemas.runs import RunPublic
 from gpulease.server.orm import Base, MetricPoint, Run
 from gpulease.server.services.metrics.downsample import min_max_indices
 
-KEY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$")
+KEY_PATTERN = METRIC_KEY_PATTERN
 SOURCES = ("sdk", "tensorboard", "stdout")  # also the preference when two report one step
 MAX_BATCH = 5000
 MAX_STEP = 2**63 - 1
