@@ -21,6 +21,7 @@ from gpulease import doctor
 from gpulease.envs.build import EnvBuildError, ensure_env, env_python
 from gpulease.envs.layer import ensure_layer
 from gpulease.envs.snapshot import TaskRunner
+from gpulease.runner.cgroups import instance_cgroup
 from gpulease.runner.connection import Aborted, Connection, ServerGone, Unreachable
 from gpulease.runner.datasets import DatasetError, links_dir, materialise
 from gpulease.runner.jobs import LEFTOVER_GRACE_S, STOP_GRACE_S, RunProcess, run_env, stop_runs
@@ -394,6 +395,14 @@ class Agent:
                 bwrap=find_bwrap() or "bwrap",
                 uid=self.spec.sandbox_uid or instance_uid(self.spec.instance_id),
                 network=InstanceNetwork(f"i{self.spec.instance_id}"),
+                cgroup=instance_cgroup(
+                    self.spec.instance_id,
+                    self.spec.run_dir,
+                    vcpus=self.spec.vcpus,
+                    memory_bytes=self.spec.memory_bytes,
+                    gpus=len(self.spec.gpu_uuids),
+                    node_gpus=self.spec.node_gpus,
+                ),
             )
         return self._sandbox
 

@@ -111,6 +111,9 @@ class RunProcess:
         self._readers: list[threading.Thread] = []
         self._abandon = threading.Event()
         self._sandbox = sandbox
+        # The instance's OOM kills before this run: more after it means the kernel killed
+        # the run's process for going past the instance's memory share.
+        self._oom_kills_before = 0
         # Also given every piece of output, (stream, text), from the reader threads
         # (runner/metrics.py parses stdout for key=value lines).
         self._on_output = on_output
@@ -125,6 +128,8 @@ class RunProcess:
             if self._sandbox is not None:
                 info_read, info_write = os.pipe()
                 argv = self._sandbox.command(argv, info_fd=info_write)
+                if self._sandbox.cgroup is not None:
+                    self._oom_kills_before = self._sandbox.cgroup.oom_kills()
             process = subprocess.Popen(
                 argv,
                 cwd=self._cwd,
@@ -212,6 +217,7 @@ class RunProcess:
             self.signal(signal.SIGKILL)
         for reader in self._readers:
             reader.join(timeout=self._leftover_grace)
+        self._explain_oom()
         if any(reader.is_alive() for reader in self._readers):
             log.warning(
                 "run %d: a process outside its group keeps its output open; "
@@ -224,6 +230,21 @@ class RunProcess:
         self.exit_code = code
         log.info("run %d exited with %d", self.run_id, code)
         self.batcher.close()
+
+
+    def _explain_oom(self) -> None:
+        """A run whose process the kernel killed for memory ends with a line that says
+        so, and the limit, rather than with a bare SIGKILL."""
+        cgroup = self._sandbox.cgroup if self._sandbox is not None else None
+        if cgroup is None or cgroup.oom_kills() <= self._oom_kills_before:
+            return
+        limit = cgroup.share.memory_text()
+        log.info("run %d: out of memory (limit %s)", self.run_id, limit)
+        self.batcher.write(
+            "stderr",
+            f"gpulease: out of memory (limit {limit}): the kernel killed a process of this "
+            "run that went past the instance's memory share\n",
+        )
 
 
 def _sandbox_init_pid(info_fd: int) -> int:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpulease.runner import netns
+from gpulease.runner.cgroups import CgroupError, InstanceCgroup
 from gpulease.runner.netns import InstanceNetwork, NetworkError
 
 log = logging.getLogger(__name__)
@@ -399,6 +400,8 @@ class Sandbox:
     jupyter_dir: Path | None = None
     uid: int | None = None
     network: InstanceNetwork | None = None
+    # The instance's CPU and memory share (runner/cgroups.py): every command starts in it.
+    cgroup: InstanceCgroup | None = None
     # Workspaces already handed over to uid, shared by the copies dataclasses.replace makes
     # (runner/metrics.py, runner/jupyter.py): the whole tree is walked once per runner.
     handed_over: set[Path] = field(default_factory=set, compare=False, repr=False)
@@ -426,9 +429,15 @@ class Sandbox:
         runner's terminal)."""
         namespaces = [a for a in NAMESPACE_ARGS if not (terminal and a == "--new-session")]
         prefix: list[str] = []
+        if self.cgroup is not None:
+            try:
+                self.cgroup.create()
+            except CgroupError as exc:
+                raise SandboxError(f"the instance's CPU and memory share: {exc.message}") from exc
+            prefix = self.cgroup.enter_args()
         if self.network is not None:
             try:
-                prefix = self.network.enter_args()
+                prefix += self.network.enter_args()
             except NetworkError as exc:
                 raise SandboxError(f"the instance's network: {exc.message}") from exc
         args = [*namespaces]
@@ -478,6 +487,8 @@ class Sandbox:
         command after close() fails with SandboxError."""
         if self.network is not None:
             self.network.close()
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
     def _hand_over(self, uid: int) -> None:
         """The workspace tree to uid, at the first command (what the runner put there while

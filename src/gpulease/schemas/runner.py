@@ -62,6 +62,12 @@ class RunnerSpec:
     # The node the scheduler placed the instance on (its name in the node inventory): a
     # fleet backend (Ray) starts the runner there. None: the server's own host.
     node: str | None = None
+    # The instance's CPU and memory share (runner/cgroups.py), from the pricing file's
+    # vCPUs and RAM per GPU; None: derived on the node from its cores and memory times the
+    # instance's part of node_gpus (the node's GPUs; 0: unknown, a CPU-only size).
+    vcpus: float | None = None
+    memory_bytes: int | None = None
+    node_gpus: int = 0
 
     def to_json(self) -> str:
         return _SPEC.dump_json(self).decode()
