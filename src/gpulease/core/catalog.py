@@ -27,6 +27,25 @@ class GpuModel:
     is_gpu: bool = True
     daily_micro: int = 0  # one 24-hour prepaid block of one GPU
     spot_hourly_micro: int = 0
+    # The CPU and memory share that comes with one GPU (for CPU: one CPU-only instance);
+    # None: the node's cores and memory divided by its GPUs (share_per_gpu).
+    vcpus: float | None = None
+    ram_gb: float | None = None
+
+    def share_per_gpu(
+        self, node_cpus: int, node_memory_mb: int, node_gpus: int
+    ) -> tuple[float, float]:
+        """(vCPUs, RAM GB) one GPU of this model gets on a node (a CPU-only instance's for
+        CPU): the pricing file's figures, else the node's cores and memory over its GPUs
+        (a CPU-only instance: 2 vCPUs, 8 GB); never more than the node has."""
+        node_ram = node_memory_mb / 1024
+        if self.is_gpu and node_gpus:
+            vcpus = self.vcpus if self.vcpus is not None else node_cpus / node_gpus
+            ram = self.ram_gb if self.ram_gb is not None else node_ram / node_gpus
+        else:
+            vcpus = self.vcpus if self.vcpus is not None else 2.0
+            ram = self.ram_gb if self.ram_gb is not None else 8.0
+        return (min(vcpus, node_cpus or vcpus), min(ram, node_ram or ram))
 
 
 @dataclass(frozen=True)
@@ -80,6 +99,18 @@ def _price(raw: Any, where: str) -> int:
     return micro
 
 
+def _size(raw: Any, where: str) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1
+    if isinstance(raw, bool) or not 0 < value < 1e6:
+        raise InvalidInput(f"pricing file: {where}: write a positive number, e.g. 8")
+    return value
+
+
 def parse_catalog(text: str) -> Catalog:
     """Parse a pricing file. Every mistake is reported with where it is."""
     try:
@@ -122,6 +153,8 @@ def parse_catalog(text: str) -> Catalog:
                 nvml_match=tuple(str(p) for p in raw.get("nvml_match", [raw["name"]])),
                 daily_micro=daily_price,
                 spot_hourly_micro=spot_price,
+                vcpus=_size(raw.get("vcpus"), f"{where}.vcpus"),
+                ram_gb=_size(raw.get("ram_gb"), f"{where}.ram_gb"),
             )
         )
     cpu = data.get("cpu") or {}
@@ -138,6 +171,8 @@ def parse_catalog(text: str) -> Catalog:
             is_gpu=False,
             daily_micro=cpu_daily,
             spot_hourly_micro=cpu_spot,
+            vcpus=_size(cpu.get("vcpus"), "cpu.vcpus"),
+            ram_gb=_size(cpu.get("ram_gb"), "cpu.ram_gb"),
         )
     )
     names = [m.name.lower() for m in models]

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
 
 from gpulease.backends.base import RunnerSpec
+from gpulease.core.errors import InvalidInput
 from gpulease.server import runner_socket
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance
@@ -92,6 +96,7 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             dataset_cache=rt.settings.dataset_cache_path,
             server_socket=server_socket,
             node=instance.node.name if instance.node is not None else None,
+            **_share(session, rt, instance),
         )
     try:
         handle = rt.backend.start(spec)
@@ -115,6 +120,32 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             .values(runner_handle=handle)
             .execution_options(synchronize_session=False)
         )
+
+
+def _share(session: Session, rt: Runtime, instance: Instance) -> dict[str, Any]:
+    """RunnerSpec's vcpus, memory_bytes and node_gpus: the instance's CPU and memory share
+    (runner/cgroups.py), per GPU from the pricing file, else its node's cores and memory
+    over the node's GPUs; a CPU-only instance the pricing file's CPU size."""
+    node = instance.node
+    counted = select(func.count()).select_from(Gpu)
+    if node is not None:
+        counted = counted.where(Gpu.node_id == node.id)
+    node_gpus = session.scalar(counted) or 0
+    try:
+        model = rt.catalog.get(instance.gpu_model)
+    except InvalidInput:
+        return {"node_gpus": node_gpus}
+    cpus = node.cpu_count if node is not None and node.cpu_count else os.cpu_count() or 1
+    memory_mb = node.memory_mb if node is not None and node.memory_mb else 0
+    if not memory_mb:
+        memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    vcpus, ram_gb = model.share_per_gpu(cpus, memory_mb, node_gpus)
+    count = max(1, instance.gpu_count) if model.is_gpu else 1
+    return {
+        "vcpus": vcpus * count,
+        "memory_bytes": int(ram_gb * count * 2**30),
+        "node_gpus": node_gpus,
+    }
 
 
 def _runner_socket(rt: Runtime) -> Path | None:
