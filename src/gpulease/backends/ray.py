@@ -344,6 +344,8 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
 
 
 def _kill(actor: Any) -> None:
+    if not ray.is_initialized():
+        return  # disconnected meanwhile; ray.kill would start a Ray of its own here
     try:
         ray.kill(actor, no_restart=True)
     except Exception:  # gone meanwhile; nothing left to kill

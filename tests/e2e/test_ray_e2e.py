@@ -1,0 +1,109 @@
+"""The whole system on the Ray backend: a real server whose runners are actors on the nodes of
+a real local Ray cluster (a head and simulated-GPU nodes, tests/ray_support.py)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from processes import ADMIN_PASSWORD, Platform, running_platform
+from ray_support import RayCluster
+
+pytestmark = pytest.mark.e2e
+pytest.importorskip("ray", reason="Ray is not installed: pip install 'gpulease[ray]'")
+
+
+@pytest.fixture(scope="module")
+def platform(
+    ray_cluster: RayCluster, sqlite_migrated: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Platform]:
+    """One server on the Ray backend for this module (on SQLite: the database is not what
+    these tests are about, and each server start costs seconds)."""
+    tmp_path = tmp_path_factory.mktemp("ray-platform")
+    shutil.copyfile(sqlite_migrated, tmp_path / "gpulease.db")
+    env = {
+        "GPULEASE_BACKEND": "ray",
+        "GPULEASE_RAY_ADDRESS": ray_cluster.address,
+        "GPULEASE_RAY_NODE_HOME": str(ray_cluster.node_home),
+        "GPULEASE_HEARTBEAT_TIMEOUT_S": "60",  # node death must be told by the fleet check
+    }
+    with running_platform(tmp_path, f"sqlite:///{tmp_path / 'gpulease.db'}", "", env) as p:
+        p.cli("login", "--server", p.url, "--name", "admin", "--password", ADMIN_PASSWORD)
+        yield p
+
+
+def wait_for(probe: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    got = probe()
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.3)
+        got = probe()
+    return got
+
+
+def nodes(platform: Platform) -> dict[str, Any]:
+    return {n["name"]: n for n in platform.cli_json("nodes")}  # type: ignore[union-attr]
+
+
+def gpus(platform: Platform) -> dict[str, Any]:
+    return {g["name"]: g for g in platform.cli_json("gpus")}  # type: ignore[union-attr]
+
+
+def test_the_node_inventory_follows_the_cluster(
+    platform: Platform, ray_cluster: RayCluster
+) -> None:
+    assert wait_for(lambda: {"gpu-a", "gpu-b"} <= set(nodes(platform)), 10)
+    listed = nodes(platform)
+    assert set(listed) == {"gpu-a", "gpu-b"}  # not the server's host, not the Ray head
+    assert listed["gpu-a"]["backend"] == "ray" and listed["gpu-a"]["status"] == "ready"
+    assert gpus(platform)["A100-80GB"]["total"] == 4
+
+    ray_cluster.add_worker("gpu-c", gpus=1, model="T4")
+    joined = time.monotonic()
+    assert wait_for(lambda: nodes(platform).get("gpu-c", {}).get("status") == "ready", 10)
+    assert time.monotonic() - joined < 10
+    assert gpus(platform)["T4"]["total"] == 1
+    ray_cluster.kill_worker("gpu-c")
+    assert wait_for(lambda: nodes(platform)["gpu-c"]["status"] == "gone", 30)
+    assert gpus(platform)["T4"]["total"] == 0
+
+
+def test_a_run_on_a_ray_node_streams_its_log_back(
+    platform: Platform, ray_cluster: RayCluster
+) -> None:
+    platform.cli(
+        "register", "--server", platform.url, "--name", "ann", "--password", "password-123"
+    )
+    result = platform.cli(
+        "run", "--gpu", "A100-80GB:2", "--template", "python", "--", "echo hello from a ray node"
+    )
+    assert "hello from a ray node" in result.stdout
+    (instance,) = platform.cli_json("instance", "ls", "--all")  # type: ignore[misc]
+    # its runner lived on the node, its files under that node's home
+    spec_files = list(ray_cluster.node_home.glob(f"gpu-*/runners/{instance['id']}/spec.json"))
+    assert len(spec_files) == 1, spec_files
+    assert (spec_files[0].parents[2] / "workspaces").is_dir()
+
+
+def test_a_node_that_dies_ends_its_instance_with_the_reason(
+    platform: Platform, ray_cluster: RayCluster
+) -> None:
+    platform.cli(
+        "register", "--server", platform.url, "--name", "bob", "--password", "password-123"
+    )
+    ray_cluster.add_worker("gpu-d", gpus=1, model="T4")
+    assert wait_for(lambda: gpus(platform)["T4"]["free"] == 1, 10)
+    platform.cli(
+        "instance", "create", "--gpu", "T4:1", "--template", "python", "--name", "on-d", "--wait"
+    )
+    ray_cluster.kill_worker("gpu-d")
+    killed = time.monotonic()
+    got = platform.wait_status("on-d", "failed", timeout=30)
+    assert time.monotonic() - killed < 30
+    assert got["status_reason"] == "node gpu-d left the cluster"
+    assert gpus(platform)["T4"]["total"] == 0  # its GPU is no longer offered
