@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -21,9 +22,15 @@ from gpulease.cli.output import (
     when,
 )
 from gpulease.cli.trust import ReplaceOption, YesOption, confirm_server_certificate
-from gpulease.client import ClientError, Login, config_path, save_login
+from gpulease.client import ClientError, GpuleaseClient, Login, config_path, save_login
 from gpulease.client.config import TOKEN_ENV, forget_token, normalize_server_url
-from gpulease.schemas.accounts import LoginRequest, RegisterRequest, TokenCreate, TokenCreated
+from gpulease.schemas.accounts import (
+    AuthResult,
+    LoginRequest,
+    RegisterRequest,
+    TokenCreate,
+    TokenCreated,
+)
 
 
 def _server_url(value: str | None) -> str:
@@ -64,13 +71,15 @@ def register(
     replace_certificate: ReplaceOption = False,
 ) -> None:
     """Create an account on a server and stay logged in to it."""
-    url = _server_url(server)
-    confirm_server_certificate(url, yes=yes, replace=replace_certificate)
-    with connection.open_client(url, None) as client:
-        result = client.auth.register(RegisterRequest(name=name, password=password, email=email))
-    path = save_login(Login(server=url, token=result.token, user=result.user.name))
-    console().print(f"registered [bold]{result.user.name}[/bold] on {url}; logged in")
-    note(f"login saved in {path}")
+    _sign_in(
+        server,
+        yes,
+        replace_certificate,
+        lambda client: client.auth.register(
+            RegisterRequest(name=name, password=password, email=email)
+        ),
+        "registered [bold]{user}[/bold] on {url}; logged in",
+    )
 
 
 def login(
@@ -86,16 +95,33 @@ def login(
     replace_certificate: ReplaceOption = False,
 ) -> None:
     """Log in to a server; the token is saved for the next commands."""
+    token_name = f"cli on {platform.node() or 'host'}"
+    _sign_in(
+        server,
+        yes,
+        replace_certificate,
+        lambda client: client.auth.login(
+            LoginRequest(name=name, password=password, token_name=token_name)
+        ),
+        "logged in to {url} as [bold]{user}[/bold]",
+    )
+
+
+def _sign_in(
+    server: str | None,
+    yes: bool,
+    replace_certificate: bool,
+    call: Callable[[GpuleaseClient], AuthResult],
+    message: str,
+) -> None:
+    """Trust the server's certificate, `call` it anonymously and save the login it returns;
+    `message` is said with {user} and {url} filled in."""
     url = _server_url(server)
     confirm_server_certificate(url, yes=yes, replace=replace_certificate)
     with connection.open_client(url, None) as client:
-        result = client.auth.login(
-            LoginRequest(
-                name=name, password=password, token_name=f"cli on {platform.node() or 'host'}"
-            )
-        )
+        result = call(client)
     path = save_login(Login(server=url, token=result.token, user=result.user.name))
-    console().print(f"logged in to {url} as [bold]{result.user.name}[/bold]")
+    console().print(message.format(user=result.user.name, url=url))
     note(f"login saved in {path}")
 
 
