@@ -132,7 +132,7 @@ class Agent:
             return self._serve()
         except Exception as exc:
             log.exception("the runner crashed")
-            self._emergency_stop()
+            self._stop_all()
             return self._fail(f"the runner crashed: {type(exc).__name__}: {exc}")
         finally:
             self._finished.set()
@@ -500,13 +500,7 @@ class Agent:
     # -- stopping ----------------------------------------------------------------------------
 
     def _shutdown(self) -> int:
-        with self._lock:
-            self._accepting = False
-            runs = list(self._runs.values())
-        self._close_streams()
-        stop_runs([run.process for run in runs], self._stop_grace)
-        if self._sandbox is not None:
-            self._sandbox.close()  # the instance's network goes with its last process
+        runs = self._stop_all()
         deadline = time.monotonic() + SHUTDOWN_REPORT_S
         for run in runs:
             if run.reporter is not None:
@@ -514,7 +508,8 @@ class Agent:
                 run.reporter.join(max(0.0, deadline - time.monotonic()))
         return self._stopped()
 
-    def _emergency_stop(self) -> None:
+    def _stop_all(self) -> list[_Run]:
+        """Refuse new runs, close the streams, stop every run and the sandbox; the runs."""
         with self._lock:
             self._accepting = False
             runs = list(self._runs.values())
@@ -522,6 +517,7 @@ class Agent:
         stop_runs([run.process for run in runs], self._stop_grace)
         if self._sandbox is not None:
             self._sandbox.close()  # the instance's network goes with its last process
+        return runs
 
     def _stopped(self) -> int:
         if self.connection.gone.is_set():
