@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -178,18 +179,10 @@ class Streams:
     def _connect(self, stream_id: str) -> ClientConnection:
         uri = f"{self._base}{RUNNER_API}/streams/{stream_id}"
         headers = {"Authorization": f"Bearer {self._token()}"}
+        opened: Callable[..., ClientConnection] = connect
         if self._socket is not None:
-            return unix_connect(
-                str(self._socket),
-                uri,
-                additional_headers=headers,
-                ssl=self._ssl,
-                open_timeout=OPEN_TIMEOUT_S,
-                max_size=MAX_FRAME,
-                compression=None,
-                user_agent_header="gpulease-runner",
-            )
-        return connect(
+            opened = functools.partial(unix_connect, str(self._socket))
+        return opened(
             uri,
             additional_headers=headers,
             ssl=self._ssl,
