@@ -210,10 +210,15 @@ class S3BlobStore:
         self._client.put_object(Bucket=self.bucket, Key=self._object(key), Body=data)
 
     def get(self, key: str) -> bytes:
+        return self._get_object(key)
+
+    def _get_object(self, key: str, **extra: str) -> bytes:
+        """The body of one GET of key (extra: such as Range); BlobNotFound when it is not
+        there."""
         from botocore.exceptions import ClientError
 
         try:
-            answer = self._client.get_object(Bucket=self.bucket, Key=self._object(key))
+            answer = self._client.get_object(Bucket=self.bucket, Key=self._object(key), **extra)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise BlobNotFound(key) from None
@@ -229,27 +234,13 @@ class S3BlobStore:
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """One ranged GET spanning all the ranges (chunks asked together usually lie side
         by side in a pack), sliced here."""
-        from botocore.exceptions import ClientError
-
         if not ranges:
             return []
         start = min(offset for offset, _ in ranges)
         end = max(offset + length for offset, length in ranges)
         if end <= start:
             return [b"" for _ in ranges]
-        try:
-            answer = self._client.get_object(
-                Bucket=self.bucket, Key=self._object(key), Range=f"bytes={start}-{end - 1}"
-            )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise BlobNotFound(key) from None
-            raise
-        body = answer["Body"]
-        try:
-            data = body.read()
-        finally:
-            body.close()
+        data = self._get_object(key, Range=f"bytes={start}-{end - 1}")
         found = [data[offset - start : offset - start + length] for offset, length in ranges]
         if any(len(piece) != length for piece, (_, length) in zip(found, ranges, strict=True)):
             raise BlobNotFound(f"{key} (shorter than a range asked of it)")
