@@ -1,0 +1,185 @@
+"""What the scheduling policy sees and says: the cluster, the queue, the decisions (plain data).
+
+Times are seconds on any one clock the caller chooses (the server uses epoch seconds, the
+simulator trace seconds); the policy never reads a clock of its own.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpulease.scheduler.placement import FreeMap
+
+ON_DEMAND, DAILY, SPOT = "on_demand", "daily", "spot"
+PLAN_RANK = {DAILY: 0, ON_DEMAND: 0, SPOT: 1}  # daily and on demand before spot
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A queued instance: `count` GPUs of `model` on each of `nodes` nodes (a gang starts
+    all together or not at all). `duration` is declared or learned (None: unknown);
+    `attained` is the GPU-seconds it already ran before a preemption put it back."""
+
+    id: int
+    owner: str
+    model: str
+    count: int = 1
+    nodes: int = 1
+    arrival: float = 0.0
+    plan: str = ON_DEMAND
+    team: str | None = None
+    priority: int = 0  # admin-set for the user or team: higher goes first
+    duration: float | None = None
+    attained: float = 0.0
+    allowed: frozenset[int] | None = None  # nodes that can run it (their driver); None: any
+
+    @property
+    def gpus(self) -> int:
+        return self.count * self.nodes
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """An instance holding GPUs: `count` of `model` on each node in `node_ids`."""
+
+    id: int
+    owner: str
+    model: str
+    count: int
+    node_ids: tuple[int, ...]
+    start: float
+    expected_end: float | None = None  # None: unknown (it holds its GPUs until stopped)
+    plan: str = ON_DEMAND
+    team: str | None = None
+    priority: int = 0
+    duration: float | None = None  # the oracle's knowledge (srtf); None elsewhere
+    attained: float = 0.0  # GPU-seconds before this start (preempted and resumed)
+
+    @property
+    def gpus(self) -> int:
+        return self.count * len(self.node_ids)
+
+
+class RunningSet:
+    """The running instances, with what the policy asks of them every tick kept up to date
+    as they come and go: GPUs held per owner and per team, and expected ends in order."""
+
+    def __init__(self, running: Iterable[Running] = ()) -> None:
+        self.by_id: dict[int, Running] = {}
+        self.held_user: dict[str, int] = {}
+        self.held_team: dict[str, int] = {}
+        self.ends: list[tuple[float, int]] = []  # (expected end, id), sorted; known ends only
+        for r in running:
+            self.add(r)
+
+    def add(self, r: Running) -> None:
+        self.by_id[r.id] = r
+        self.held_user[r.owner] = self.held_user.get(r.owner, 0) + r.gpus
+        if r.team is not None:
+            self.held_team[r.team] = self.held_team.get(r.team, 0) + r.gpus
+        if r.expected_end is not None:
+            bisect.insort(self.ends, (r.expected_end, r.id))
+
+    def remove(self, running_id: int) -> Running:
+        r = self.by_id.pop(running_id)
+        self.held_user[r.owner] -= r.gpus
+        if r.team is not None:
+            self.held_team[r.team] -= r.gpus
+        if r.expected_end is not None:
+            i = bisect.bisect_left(self.ends, (r.expected_end, r.id))
+            del self.ends[i]
+        return r
+
+    def __iter__(self) -> Iterator[Running]:
+        return iter(self.by_id.values())
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """The cluster now. `free` is GPUs free per model per node; `queue` is in arrival
+    order; `usage` is each owner's recent GPU-seconds (decayed, running included: see
+    FairShare)."""
+
+    free: FreeMap
+    running: RunningSet
+    queue: Sequence[Request]
+    usage: Mapping[str, float] = field(default_factory=dict)
+    node_ids: Sequence[int] = ()  # every ready node (CPU-only requests need just a node)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Policy settings. `reservations` is how many blocked requests per GPU model hold a
+    reserved start that backfill must not delay (1 = EASY)."""
+
+    policy: str = "default"
+    half_life: float = 7 * 86400.0
+    user_quota: Mapping[str, int] = field(default_factory=dict)
+    team_quota: Mapping[str, int] = field(default_factory=dict)
+    default_user_quota: int | None = None
+    default_team_quota: int | None = None
+    reservations: int = 1
+    spot_preemption: bool = True
+    las_thresholds: tuple[float, ...] = (3600.0, 36000.0, 360000.0)
+    eta_events: int = 5000  # the forward simulation's budget of starts; beyond: no ETA
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    request_id: int
+    node_ids: tuple[int, ...]  # one per gang member
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    request_id: int
+    position: int  # 1-based among the requests for its GPU model, in policy order
+    reason: str
+    eta: float | None  # when the forward simulation starts it; None: not known
+
+
+@dataclass(slots=True)
+class Decisions:
+    starts: list[Start] = field(default_factory=list)
+    preempt: list[int] = field(default_factory=list)  # running ids to stop (spot, or las/srtf)
+    waiting: dict[int, Waiting] = field(default_factory=dict)
+
+
+class FairShare:
+    """Each owner's GPU-seconds with exponential decay: finished work decays with the
+    half-life; running work counts in full until it ends (then it decays from its end)."""
+
+    def __init__(self, half_life: float) -> None:
+        self.rate = math.log(2) / half_life
+        self._done: dict[str, tuple[float, float]] = {}  # owner -> (value, as of)
+        self._gpus: dict[str, int] = {}  # running GPUs per owner
+        self._gpu_start: dict[str, float] = {}  # sum of gpus × start per owner
+
+    def started(self, owner: str, gpus: int, at: float) -> None:
+        self._gpus[owner] = self._gpus.get(owner, 0) + gpus
+        self._gpu_start[owner] = self._gpu_start.get(owner, 0.0) + gpus * at
+
+    def ended(self, owner: str, gpus: int, started: float, at: float) -> None:
+        self._gpus[owner] -= gpus
+        self._gpu_start[owner] -= gpus * started
+        self.add(owner, gpus * (at - started), at)
+
+    def add(self, owner: str, gpu_seconds: float, at: float) -> None:
+        value, stamp = self._done.get(owner, (0.0, at))
+        self._done[owner] = (value * math.exp(-self.rate * max(0.0, at - stamp)) + gpu_seconds, at)
+
+    def usage(self, now: float) -> dict[str, float]:
+        out = {
+            owner: value * math.exp(-self.rate * max(0.0, now - stamp))
+            for owner, (value, stamp) in self._done.items()
+        }
+        for owner, gpus in self._gpus.items():
+            if gpus:
+                out[owner] = out.get(owner, 0.0) + gpus * now - self._gpu_start[owner]
+        return out

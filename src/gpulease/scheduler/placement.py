@@ -1,0 +1,106 @@
+"""Free GPUs per model per node, and best-fit placement on them (a 1-GPU request takes the
+fullest node that still fits, so a block of 4 stays whole for a 4-GPU request)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+class FreeMap:
+    """Free GPU counts per (model, node), bucketed by count so that a best fit, the largest
+    free block and the total are found without walking every node."""
+
+    __slots__ = ("_free", "_buckets", "_total")
+
+    def __init__(self, free: Mapping[str, Mapping[int, int]] | None = None) -> None:
+        self._free: dict[str, dict[int, int]] = {}
+        self._buckets: dict[str, list[set[int]]] = {}
+        self._total: dict[str, int] = {}
+        for model, nodes in (free or {}).items():
+            for node_id, n in nodes.items():
+                self.add_node(model, node_id, n)
+
+    def add_node(self, model: str, node_id: int, n: int) -> None:
+        self._free.setdefault(model, {})
+        self._buckets.setdefault(model, [set()])
+        self._total.setdefault(model, 0)
+        self._free[model].setdefault(node_id, 0)
+        self.give(model, (node_id,), n)
+
+    def copy(self) -> FreeMap:
+        other = FreeMap.__new__(FreeMap)
+        other._free = {m: dict(nodes) for m, nodes in self._free.items()}
+        other._buckets = {m: [set(b) for b in bs] for m, bs in self._buckets.items()}
+        other._total = dict(self._total)
+        return other
+
+    def models(self) -> Iterable[str]:
+        return self._free.keys()
+
+    def free(self, model: str, node_id: int) -> int:
+        return self._free.get(model, {}).get(node_id, 0)
+
+    def nodes(self, model: str) -> Mapping[int, int]:
+        return self._free.get(model, {})
+
+    def total(self, model: str) -> int:
+        return self._total.get(model, 0)
+
+    def total_below(self, model: str, count: int) -> int:
+        """Free GPUs of `model` on nodes with fewer than `count` free (stranded for it)."""
+        buckets = self._buckets.get(model, [])
+        return sum(k * len(buckets[k]) for k in range(1, min(count, len(buckets))))
+
+    def largest(self, model: str) -> int:
+        buckets = self._buckets.get(model)
+        if not buckets:
+            return 0
+        for k in range(len(buckets) - 1, 0, -1):
+            if buckets[k]:
+                return k
+        return 0
+
+    def fit(
+        self, model: str, count: int, nodes: int = 1, allowed: frozenset[int] | None = None
+    ) -> tuple[int, ...] | None:
+        """`nodes` distinct nodes with `count` free GPUs of `model` each, tightest first
+        (lowest id among equals), or None when there are not enough of them."""
+        buckets = self._buckets.get(model)
+        if buckets is None or count < 1:
+            return None
+        chosen: list[int] = []
+        for k in range(count, len(buckets)):
+            bucket = buckets[k]
+            if not bucket:
+                continue
+            if nodes == 1 and allowed is None:
+                return (min(bucket),)
+            for node_id in sorted(bucket):
+                if allowed is None or node_id in allowed:
+                    chosen.append(node_id)
+                    if len(chosen) == nodes:
+                        return tuple(chosen)
+        return None
+
+    def take(self, model: str, node_ids: Iterable[int], count: int) -> None:
+        self._move(model, node_ids, -count)
+
+    def give(self, model: str, node_ids: Iterable[int], count: int) -> None:
+        self._move(model, node_ids, count)
+
+    def _move(self, model: str, node_ids: Iterable[int], delta: int) -> None:
+        free = self._free[model]
+        buckets = self._buckets[model]
+        for node_id in node_ids:
+            old = free[node_id]
+            new = old + delta
+            if new < 0:
+                raise ValueError(f"node {node_id} has {old} free {model}, not {-delta}")
+            while len(buckets) <= new:
+                buckets.append(set())
+            if old:
+                buckets[old].discard(node_id)
+            if new:
+                buckets[new].add(node_id)
+            free[node_id] = new
+            self._total[model] += delta
