@@ -1,19 +1,27 @@
-"""Place queued instances on free GPUs, first come first served per GPU model.
+"""Place queued instances on free GPUs with the scheduling policy (gpulease.scheduler).
 
 Before the FIFO pass: a daily-plan instance whose paid block still reserves its GPUs starts
 on them at once, and instances that asked to start only when cheap wait outside the queue
-until an off-peak window opens. A daily instance buys its block when it is placed.
+until an off-peak window opens. A daily instance buys its block when it is placed. Every
+request left waiting gets the policy's reason and estimated start in its status message.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import PaymentRequired
-from gpulease.scheduler.fifo import FreeGpu, Request, place_fifo
+from gpulease.scheduler.fifo import Placement, Request
+from gpulease.scheduler.model import ClusterState, Config, FairShare, Running, RunningSet, Waiting
+from gpulease.scheduler.model import Request as PolicyRequest
+from gpulease.scheduler.placement import FreeMap
+from gpulease.scheduler.policy import schedule
 from gpulease.server.db import transaction, utcnow
-from gpulease.server.orm import Gpu, Instance, Node
+from gpulease.server.orm import Gpu, Instance, Node, UsageSegment
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import ledger, notifications, templates
 from gpulease.server.services.billing import offpeak, plans
@@ -21,6 +29,9 @@ from gpulease.server.services.instances.lifecycle import current_queue
 from gpulease.server.services.instances.states import QUEUED, STARTING, STOPPED, switch_status
 
 WAITING_FOR_CHEAP = "waiting for an off-peak window (start when cheap)"
+# Priority classes, fair share, EASY backfill and quotas. Spot preemption waits for the
+# launcher to stop a spot instance with notice and grace; until then spot is not preempted.
+SERVER_POLICY = Config(policy="default", spot_preemption=False)
 
 
 def tick(rt: Runtime) -> int:
@@ -37,21 +48,15 @@ def tick(rt: Runtime) -> int:
                 _refuse(session, refused_instance, reason)
         if not queue:
             return placed
-        free = [
-            FreeGpu(g.node_id, g.id, g.index, g.model or "")
-            for g in session.scalars(
-                select(Gpu)
-                .join(Node, Node.id == Gpu.node_id)
-                .where(
-                    Gpu.instance_id.is_(None),
-                    Gpu.present.is_(True),
-                    Gpu.model.is_not(None),
-                    Node.status == "ready",
-                )
-            )
-        ]
-        node_ids = list(session.scalars(select(Node.id).where(Node.status == "ready")))
-        for placement in place_fifo(queue, free, node_ids):
+        now = utcnow()
+        state, free_ids = cluster_state(session, queue, now)
+        decisions = schedule(state, now.timestamp(), SERVER_POLICY)
+        wanted = {r.instance_id: r for r in queue}
+        for start in decisions.starts:
+            req = wanted[start.request_id]
+            ids = free_ids.get((start.node_ids[0], req.model), [])
+            placement = Placement(req.instance_id, start.node_ids[0], tuple(ids[: req.count]))
+            del ids[: req.count]
             instance = session.get(Instance, placement.instance_id)
             if instance is None or instance.status != QUEUED:
                 continue
@@ -81,7 +86,120 @@ def tick(rt: Runtime) -> int:
                 instance.node_id = placement.node_id
                 switch_status(session, instance, STARTING, "")
                 placed += 1
+        _explain(session, decisions.waiting, now)
     return placed
+
+
+def cluster_state(
+    session: Session, queue: list[Request], now: datetime
+) -> tuple[ClusterState, dict[tuple[int, str], list[int]]]:
+    """What the policy sees: free GPUs on ready nodes, instances holding GPUs, the queue,
+    and each owner's recent GPU-seconds; plus the free GPU ids per (node, model), lowest
+    index first, to hand out when a request starts there."""
+    free = FreeMap()
+    free_ids: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for gpu in session.scalars(
+        select(Gpu)
+        .join(Node, Node.id == Gpu.node_id)
+        .where(
+            Gpu.instance_id.is_(None),
+            Gpu.present.is_(True),
+            Gpu.model.is_not(None),
+            Node.status == "ready",
+        )
+        .order_by(Gpu.node_id, Gpu.index)
+    ):
+        model = gpu.model or ""
+        free_ids[(gpu.node_id, model)].append(gpu.id)
+    for (node_id, model), ids in free_ids.items():
+        free.add_node(model, node_id, len(ids))
+    held: dict[int, list[Gpu]] = defaultdict(list)
+    for gpu in session.scalars(select(Gpu).where(Gpu.instance_id.is_not(None))):
+        assert gpu.instance_id is not None
+        held[gpu.instance_id].append(gpu)
+    running = RunningSet()
+    for instance in session.scalars(select(Instance).where(Instance.id.in_(list(held)))):
+        gpus = held[instance.id]
+        per_node: dict[int, int] = defaultdict(int)
+        for gpu in gpus:
+            per_node[gpu.node_id] += 1
+        start = (instance.started_at or instance.created_at).timestamp()
+        running.add(
+            Running(
+                instance.id,
+                str(instance.owner_id),
+                gpus[0].model or instance.gpu_model,
+                max(per_node.values()),
+                tuple(sorted(per_node)),
+                start,
+                expected_end=_expected_end(instance, start),
+                plan=instance.plan,
+                team=None if instance.team_id is None else str(instance.team_id),
+            )
+        )
+    rows = {
+        i.id: i
+        for i in session.scalars(
+            select(Instance).where(Instance.id.in_([r.instance_id for r in queue]))
+        )
+    }
+    requests = [
+        PolicyRequest(
+            r.instance_id,
+            str(rows[r.instance_id].owner_id),
+            r.model,
+            r.count,
+            arrival=(rows[r.instance_id].queued_at or rows[r.instance_id].created_at).timestamp(),
+            plan=rows[r.instance_id].plan,
+            team=None if rows[r.instance_id].team_id is None else str(rows[r.instance_id].team_id),
+            allowed=r.nodes,
+        )
+        for r in queue
+        if r.instance_id in rows
+    ]
+    node_ids = list(session.scalars(select(Node.id).where(Node.status == "ready")))
+    return ClusterState(free, running, requests, _usage(session, now), node_ids), free_ids
+
+
+def _expected_end(instance: Instance, start: float) -> float | None:
+    """When an instance will give its GPUs back, if anything says so: its maximum runtime,
+    or the end of a daily block that does not renew."""
+    if instance.max_runtime_minutes:
+        return start + instance.max_runtime_minutes * 60
+    if instance.plan == plans.DAILY and instance.reserved_until and not instance.auto_renew:
+        return instance.reserved_until.timestamp()
+    return None
+
+
+def _usage(session: Session, now: datetime) -> dict[str, float]:
+    """Each owner's GPU-seconds from usage segments, decayed with the policy's half-life."""
+    share = FairShare(SERVER_POLICY.half_life)
+    since = now - timedelta(seconds=4 * SERVER_POLICY.half_life)
+    for seg in session.scalars(
+        select(UsageSegment).where(
+            or_(UsageSegment.ended_at.is_(None), UsageSegment.ended_at > since)
+        )
+    ):
+        end = min(seg.ended_at or now, now)
+        seconds = max(0.0, (end - seg.started_at).total_seconds())
+        share.add(str(seg.owner_id), seg.gpu_count * seconds, end.timestamp())
+    return share.usage(now.timestamp())
+
+
+def _explain(session: Session, waiting: dict[int, Waiting], now: datetime) -> None:
+    """Why each queued instance waits, and until about when, in its status message."""
+    for instance_id, w in waiting.items():
+        instance = session.get(Instance, instance_id)
+        if instance is None or instance.status != QUEUED:
+            continue
+        if w.eta is None:
+            when = "no start time can be estimated yet"
+        else:
+            minutes = max(0, round((w.eta - now.timestamp()) / 60))
+            when = f"expected to start in about {minutes} min" if minutes else "starting soon"
+        message = f"{w.reason}; {when}"[:500]
+        if instance.status_message != message:
+            instance.status_message = message
 
 
 def _eligible(session: Session, queue: list[Request]) -> list[Request]:
