@@ -215,3 +215,40 @@ def test_logs_pages_follow_and_runs_listing(cli: Cli) -> None:
     assert (row["id"], row["status"], row["exit_code"]) == (run.id, "succeeded", 0)
     missing = cli("logs", "999")
     assert missing.exit_code == 1 and "no run 999" in missing.stderr
+
+
+def test_run_picks_a_choice_whose_share_meets_cpus_and_memory(cli: Cli, tmp_path: Path) -> None:
+    ann = cli.login_as("ann")
+    models = {m.name: m for m in ann.catalog.gpus()}
+    t4, a100 = models["T4"], models["A100-80GB"]
+    assert t4.ram_gb_per_gpu is not None and a100.ram_gb_per_gpu is not None
+    # more than one T4 comes with, less than two A100s do
+    wanted = min(t4.ram_gb_per_gpu, a100.ram_gb_per_gpu) * 1.5
+    (tmp_path / "t.yaml").write_text(
+        f"resources:\n  memory: {wanted:.2f}+\n  accelerators: {{T4: 1, A100-80GB: 2}}\nrun: x\n"
+    )
+    cli.server.cluster.job = lambda run: ([], 0)
+    cli.server.cluster.start()
+    result = cli("run", str(tmp_path / "t.yaml"))
+    assert result.exit_code == 0, result.output
+    assert "T4:1, A100-80GB:2: A100-80GB:2 (free now" in result.stderr
+    (tmp_path / "big.yaml").write_text(
+        f"resources: {{memory: {wanted * 10:.0f}, accelerators: T4:1}}\nrun: x\n"
+    )
+    big = cli("run", str(tmp_path / "big.yaml"))
+    assert big.exit_code == 2 and "but T4:1 comes with" in big.stderr
+    assert "ask for more GPUs" in big.stderr
+    (tmp_path / "cpu.yaml").write_text("resources: {cpus: 1000+}\nrun: x\n")
+    cpu = cli("run", str(tmp_path / "cpu.yaml"))
+    assert cpu.exit_code == 2 and "a CPU-only instance comes with" in cpu.stderr
+
+
+def test_gpus_and_instance_show_tell_the_cpu_and_memory_share(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    t4 = next(m for m in ann.catalog.gpus() if m.name == "T4")
+    assert t4.vcpus_per_gpu is not None and t4.vcpus_per_gpu > 0
+    listing = cli("gpus")
+    assert "CPU/RAM PER GPU" in listing.stdout and "GB RAM" in listing.stdout
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
+    shown = cli("instance", "show", "box")
+    assert re.search(r"cpu and memory\s+[\d.]+ vCPU, [\d.]+ GB RAM", shown.stdout), shown.stdout

@@ -43,6 +43,16 @@ def availability_text(model: GpuModelPublic) -> str:
     return text
 
 
+def share_text(model: GpuModelPublic, count: int = 1) -> str:
+    """'8 vCPU, 64 GB RAM': the CPU and memory share of count GPUs (of a CPU-only
+    instance for CPU); '-' when no node has the model."""
+    if model.vcpus_per_gpu is None or model.ram_gb_per_gpu is None:
+        return "-"
+    count = max(count, 1)
+    vcpus, ram = model.vcpus_per_gpu * count, model.ram_gb_per_gpu * count
+    return f"{vcpus:.3g} vCPU, {ram:.3g} GB RAM"
+
+
 def _availability_cell(item: TemplateAvailabilityPublic) -> str:
     if not item.available:
         return f"no: {item.reason}"
@@ -74,6 +84,7 @@ def gpus(
         print_json({"template": template, "models": rows})
         return
     headers = ["GPU", "MEMORY", "NCU FACTOR", "PRICE/H", "NCU/H", "DAY BLOCK", "FREE/TOTAL"]
+    headers.append("CPU/RAM PER GPU")
     if template:
         headers.append(f"TEMPLATE {template}")
     result = table(*headers)
@@ -81,6 +92,7 @@ def gpus(
         memory = f"{m.memory_gb:g} GB" if m.is_gpu else "-"
         cells = [m.name, memory, m.ncu_factor, m.hourly, m.hourly_ncu, m.daily]
         cells.append(availability_text(m))
+        cells.append(share_text(m))
         if template:
             cells.append(_availability_cell(fits[m.name]) if m.name in fits else "-")
         add_row(result, *cells)

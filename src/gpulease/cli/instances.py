@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from gpulease.cli.catalog import share_text
 from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
@@ -198,6 +199,9 @@ def show(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
     """One instance in detail."""
     with logged_in_client() as client:
         i = client.instances.get(ref)
+        models = (
+            {m.name: m for m in client.catalog.gpus()} if output is not OutputFormat.json else {}
+        )
     emit(
         i,
         output,
@@ -208,6 +212,10 @@ def show(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
                 ("status", status_text(i)),
                 ("desired", i.desired_state),
                 ("gpu", gpu_text(i)),
+                (
+                    "cpu and memory",
+                    share_text(models[i.gpu_model], i.gpu_count) if i.gpu_model in models else "-",
+                ),
                 ("gpu indices", ", ".join(map(str, i.gpu_indices))),
                 ("template", i.template),
                 ("datasets", ", ".join(f"/data/{n} (v{v})" for n, v in i.datasets.items())),

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from gpulease.cli.catalog import share_text
 from gpulease.cli.connection import logged_in_client
 from gpulease.cli.instances import DatasetOption, RefArgument, status_text, wait_until_started
 from gpulease.cli.output import (
@@ -37,7 +38,13 @@ from gpulease.client import (
     position,
 )
 from gpulease.core.money import format_credits
-from gpulease.core.taskspec import AcceleratorChoice, TaskSpec, matching_models, parse_task
+from gpulease.core.taskspec import (
+    AcceleratorChoice,
+    Amount,
+    TaskSpec,
+    matching_models,
+    parse_task,
+)
 from gpulease.schemas.catalog import GpuModelPublic
 from gpulease.schemas.instances import InstanceCreate
 from gpulease.schemas.runs import LogChunkPublic, RunCreate
@@ -249,30 +256,64 @@ def run(
             archive.close()
 
 
+def short_of(
+    model: GpuModelPublic, count: int, cpus: Amount | None, memory_gb: Amount | None
+) -> str | None:
+    """What of the task's `cpus:` and `memory:` an instance of count GPUs of model (a
+    CPU-only one for CPU) does not come with, in words; None when it has enough (or the
+    server does not say what it comes with)."""
+    if model.vcpus_per_gpu is None or model.ram_gb_per_gpu is None:
+        return None
+    units = max(count, 1)
+    missing = []
+    if cpus is not None and model.vcpus_per_gpu * units < cpus.value:
+        missing.append(f"cpus: {cpus}")
+    if memory_gb is not None and model.ram_gb_per_gpu * units < memory_gb.value:
+        missing.append(f"memory: {memory_gb}")
+    if not missing:
+        return None
+    what = f"{model.name}:{count}" if count else f"a {model.name}-only instance"
+    return f"{' and '.join(missing)} but {what} comes with {share_text(model, count)}"
+
+
 def pick_accelerators(
-    choices: tuple[AcceleratorChoice, ...], models: list[GpuModelPublic]
+    choices: tuple[AcceleratorChoice, ...],
+    models: list[GpuModelPublic],
+    cpus: Amount | None = None,
+    memory_gb: Amount | None = None,
 ) -> tuple[str, str | None]:
     """The GPUs to rent for a task's choices ('A100:1', or any of several): each name
-    stands for its catalog models (matching_models); of all those, one with enough GPUs
-    free now, then the cheapest, then the first written. Returns 'MODEL:COUNT' and, when
-    that took a choice, the line that says what was picked and why. Exits with a message
-    when no choice names a model of the catalog."""
+    stands for its catalog models (matching_models); of those whose CPU and memory share
+    meets the task's cpus and memory, one with enough GPUs free now, then the cheapest,
+    then the first written. Returns 'MODEL:COUNT' and, when that took a choice, the line
+    that says what was picked and why. Exits with a message when none will do."""
     by_name = {m.name: m for m in models if m.is_gpu}
     candidates: list[tuple[GpuModelPublic, int]] = []
     for choice in choices:
         for name in matching_models(choice.name, list(by_name)):
             candidates.append((by_name[name], choice.count))
+    wanted = ", ".join(str(c) for c in choices)
     if not candidates:
-        wanted = ", ".join(str(c) for c in choices)
         fail(
             f"resources.accelerators: {wanted}: no such GPU here; this server has "
             f"{', '.join(by_name) or 'no GPUs'} (`gpulease gpus`)",
             2,
         )
-    order = {id(c): i for i, c in enumerate(candidates)}
-    model, count = min(
-        candidates,
-        key=lambda c: (c[0].free < c[1], c[0].hourly_micro * c[1], order[id(c)]),
+    shortfalls = [short_of(m, n, cpus, memory_gb) for m, n in candidates]
+    fitting = [(i, c) for i, c in enumerate(candidates) if shortfalls[i] is None]
+    if not fitting:
+        fail(
+            f"resources: {shortfalls[0]}; ask for more GPUs (the share comes with each) "
+            "or less CPU and memory",
+            2,
+        )
+    _, (model, count) = min(
+        fitting,
+        key=lambda item: (
+            item[1][0].free < item[1][1],
+            item[1][0].hourly_micro * item[1][1],
+            item[0],
+        ),
     )
     picked = f"{model.name}:{count}"
     written = [str(c) for c in choices]
@@ -280,15 +321,29 @@ def pick_accelerators(
         return picked, None
     why = "free now" if model.free >= count else f"none has {count} free now, so it queues"
     price = format_credits(model.hourly_micro * count)
-    return picked, f"accelerators {', '.join(written)}: {picked} ({why}, {price}/h)"
+    return picked, f"accelerators {wanted}: {picked} ({why}, {price}/h)"
 
 
 def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | None) -> int:
-    if spec.accelerator_choices:
-        picked, line = pick_accelerators(spec.accelerator_choices, client.catalog.gpus())
-        if line is not None:
-            note(line)
-        spec = replace(spec, accelerators=picked)
+    if spec.accelerator_choices or spec.cpus or spec.memory_gb:
+        models = client.catalog.gpus()
+        if spec.accelerator_choices:
+            picked, line = pick_accelerators(
+                spec.accelerator_choices, models, spec.cpus, spec.memory_gb
+            )
+            if line is not None:
+                note(line)
+            spec = replace(spec, accelerators=picked)
+        elif not spec.accelerators:
+            cpu = next((m for m in models if not m.is_gpu), None)
+            short = cpu and short_of(cpu, 0, spec.cpus, spec.memory_gb)
+            if short:
+                fail(
+                    f"resources: {short}; the operator sets the size "
+                    "of CPU-only instances (pricing file, cpu.vcpus and cpu.ram_gb), or ask "
+                    "for a GPU",
+                    2,
+                )
     instance = client.instances.create(
         InstanceCreate(
             gpu=spec.accelerators,

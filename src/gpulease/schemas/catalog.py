@@ -24,6 +24,10 @@ class GpuModelPublic(BaseModel):
     free: int
     total: int
     simulated: int
+    # The CPU and memory share one GPU comes with (a CPU-only instance's for CPU), enforced
+    # on the node; None: no node has this model.
+    vcpus_per_gpu: float | None = None
+    ram_gb_per_gpu: float | None = None
 
 
 class GpuPublic(Model):

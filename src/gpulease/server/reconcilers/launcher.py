@@ -127,7 +127,7 @@ def _share(session: Session, rt: Runtime, instance: Instance) -> dict[str, Any]:
     (runner/cgroups.py), per GPU from the pricing file, else its node's cores and memory
     over the node's GPUs; a CPU-only instance the pricing file's CPU size."""
     node = instance.node
-    counted = select(func.count()).select_from(Gpu)
+    counted = select(func.count()).select_from(Gpu).where(Gpu.present.is_(True))
     if node is not None:
         counted = counted.where(Gpu.node_id == node.id)
     node_gpus = session.scalar(counted) or 0

@@ -115,6 +115,38 @@ def availability(session: Session, catalog: Catalog) -> dict[str, ModelAvailabil
     return result
 
 
+def shares_per_gpu(session: Session, catalog: Catalog) -> dict[str, tuple[float, float]]:
+    """Per model, the (vCPUs, RAM GB) that one of its GPUs comes with (a CPU-only
+    instance's for CPU), as the launcher gives it (GpuModel.share_per_gpu) on the node
+    that holds the most of that model's GPUs; models no node has are left out."""
+    per_node = dict(
+        session.execute(
+            select(Gpu.node_id, func.count(Gpu.id))
+            .where(Gpu.present.is_(True))
+            .group_by(Gpu.node_id)
+        ).all()
+    )
+    largest: dict[str, tuple[int, int]] = {}  # model -> (its GPUs on the node, node id)
+    for model, node_id, count in session.execute(
+        select(Gpu.model, Gpu.node_id, func.count(Gpu.id))
+        .where(Gpu.present.is_(True), Gpu.model.is_not(None))
+        .group_by(Gpu.model, Gpu.node_id)
+    ).all():
+        largest[str(model)] = max(largest.get(str(model), (0, 0)), (int(count), int(node_id)))
+    node_rows = {n.id: n for n in session.scalars(select(Node))}
+    result = {}
+    for m in catalog.models:
+        if m.is_gpu and m.name in largest:
+            node = node_rows[largest[m.name][1]]
+            gpus = int(per_node.get(node.id, 0))
+        elif not m.is_gpu and node_rows:
+            node, gpus = next(iter(node_rows.values())), 0
+        else:
+            continue
+        result[m.name] = m.share_per_gpu(node.cpu_count, node.memory_mb, gpus)
+    return result
+
+
 def check_request_fits(session: Session, catalog: Catalog, model: str, count: int) -> str:
     """Refuse a request no node could ever hold; returns the catalog's spelling of model."""
     entry = catalog.get(model)

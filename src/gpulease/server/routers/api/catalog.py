@@ -16,6 +16,7 @@ router = APIRouter(tags=["catalog"])
 def list_gpu_models(session: SessionDep, _: CurrentUser, request: Request) -> list[GpuModelPublic]:
     catalog = runtime(request).catalog
     avail = nodes.availability(session, catalog)
+    shares = nodes.shares_per_gpu(session, catalog)
     return [
         GpuModelPublic(
             name=m.name,
@@ -32,6 +33,8 @@ def list_gpu_models(session: SessionDep, _: CurrentUser, request: Request) -> li
             free=avail[m.name].free,
             total=avail[m.name].total,
             simulated=avail[m.name].simulated,
+            vcpus_per_gpu=shares[m.name][0] if m.name in shares else None,
+            ram_gb_per_gpu=shares[m.name][1] if m.name in shares else None,
         )
         for m in catalog.models
     ]
