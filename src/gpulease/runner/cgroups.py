@@ -14,10 +14,12 @@ loses its own process, other instances and the runner never notice. The OOM coun
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
 import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,14 +184,22 @@ class InstanceCgroup:
                 return int(value)
         return 0
 
-    def remove(self) -> None:
+    def remove(self, wait_s: float = 2.0) -> None:
+        """Delete the cgroup; the kernel refuses while a process is still in it (one that
+        was just killed may take a moment to go), so that is retried for up to wait_s."""
+        deadline = time.monotonic() + wait_s
         for directory in self.directories:
-            try:
-                directory.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning("cgroup %s is not removed: %s", directory, exc)
+            while True:
+                try:
+                    directory.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    if exc.errno == errno.EBUSY and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                        continue
+                    log.warning("cgroup %s is not removed: %s", directory, exc)
+                break
 
 
 def instance_cgroup(
