@@ -3,6 +3,7 @@ a real local Ray cluster (a head and simulated-GPU nodes, tests/ray_support.py).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,17 @@ def wait_for(probe: Callable[[], Any], timeout: float = 30.0) -> Any:
         time.sleep(0.3)
         got = probe()
     return got
+
+
+def actor_processes() -> list[int]:
+    """Ray worker processes that host a runner actor (Ray titles them ray::RunnerActor)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "cmdline").read_bytes().startswith(b"ray::RunnerActor"):
+                    found.append(int(entry.name))
+    return found
 
 
 def nodes(platform: Platform) -> dict[str, Any]:
@@ -88,6 +100,9 @@ def test_a_run_on_a_ray_node_streams_its_log_back(
     spec_files = list(ray_cluster.node_home.glob(f"gpu-*/runners/{instance['id']}/spec.json"))
     assert len(spec_files) == 1, spec_files
     assert (spec_files[0].parents[2] / "workspaces").is_dir()
+    platform.wait_status(str(instance["id"]), "released")
+    # the actor ended with its runner: its Ray worker process is gone
+    assert wait_for(lambda: not actor_processes(), 20), actor_processes()
 
 
 def test_a_node_that_dies_ends_its_instance_with_the_reason(
@@ -101,6 +116,7 @@ def test_a_node_that_dies_ends_its_instance_with_the_reason(
     platform.cli(
         "instance", "create", "--gpu", "T4:1", "--template", "python", "--name", "on-d", "--wait"
     )
+    assert actor_processes()  # its runner's actor (what the run test sees gone at the end)
     ray_cluster.kill_worker("gpu-d")
     killed = time.monotonic()
     got = platform.wait_status("on-d", "failed", timeout=30)
