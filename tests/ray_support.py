@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,16 +99,14 @@ def kill_processes_under(home: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[RayCluster]:
-    """Head (no GPUs, not offered) and two nodes, gpu-a and gpu-b, with 2 simulated
-    A100-80GB each. Started once per session: a start costs about 15 s here."""
-    try:
-        from ray.cluster_utils import Cluster
-    except ImportError:
-        pytest.skip("Ray is not installed: pip install 'gpulease[ray]'")
+@contextmanager
+def local_ray_cluster(workers: tuple[str, ...] = ("gpu-a", "gpu-b")) -> Iterator[RayCluster]:
+    """A head (no GPUs, not offered) and worker nodes with 2 simulated A100-80GB each, on
+    loopback, in a temporary directory; on the way out every process of it is stopped."""
+    from ray.cluster_utils import Cluster
+
     root = Path(tempfile.mkdtemp(prefix="gpl-ray-"))
-    saved = {"RAY_TMPDIR": os.environ.get("RAY_TMPDIR")}
+    saved = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = str(root / "tmp")
     (root / "tmp" / "ray").mkdir(parents=True)
     cluster = Cluster(
@@ -123,14 +123,26 @@ def ray_cluster() -> Iterator[RayCluster]:
     )
     ray_cluster = RayCluster(cluster=cluster, root=root)
     try:
-        for name in ("gpu-a", "gpu-b"):
+        for name in workers:
             ray_cluster.add_worker(name)
         yield ray_cluster
     finally:
         kill_processes_under(ray_cluster.node_home)
         cluster.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    """gpu-a and gpu-b (local_ray_cluster), started once per session: a start costs about
+    15 s here."""
+    try:
+        import ray.cluster_utils  # noqa: F401
+    except ImportError:
+        pytest.skip("Ray is not installed: pip install 'gpulease[ray]'")
+    with local_ray_cluster() as cluster:
+        yield cluster

@@ -149,3 +149,42 @@ def test_start_on_a_node_not_in_the_cluster(backend: RayBackend, catalog, tmp_pa
     backend.nodes(catalog)
     with pytest.raises(Unavailable, match="node nowhere is not in the Ray cluster"):
         backend.start(spec_for(42, "nowhere", tmp_path))
+
+
+def test_a_cluster_that_does_not_answer_never_holds_up_the_caller(
+    backend: RayBackend,
+    catalog,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    import threading
+
+    import gpulease.backends.ray as ray_backend
+    from gpulease.core.errors import Unavailable
+
+    answer = threading.Event()
+    real = ray_backend._read_cluster
+
+    def hung():  # type: ignore[no-untyped-def]
+        answer.wait(10)  # Ray's calls block like this while the head is gone
+        return real()
+
+    monkeypatch.setattr(ray_backend, "_read_cluster", hung)
+    monkeypatch.setattr(ray_backend, "CALL_TIMEOUT_S", 0.3)
+    started = time.monotonic()
+    with pytest.raises(Unavailable, match="did not answer within"):
+        backend.nodes(catalog)
+    with pytest.raises(Unavailable, match="an earlier call still waits"):
+        backend.nodes(catalog)  # refused at once while the first still hangs
+    backend.stop('{"actor": "gpulease-runner-0-000000", "actor_id": "00"}')  # still fast
+    assert time.monotonic() - started < 2
+    answer.set()
+    assert wait_until(lambda: _answers(backend, catalog), 10)
+
+
+def _answers(backend: RayBackend, catalog) -> bool:  # type: ignore[no-untyped-def]
+    from gpulease.core.errors import Unavailable
+
+    try:
+        return "gpu-a" in by_name(backend, catalog)
+    except Unavailable:
+        return False

@@ -18,15 +18,18 @@ alike), with its files under the node's own home: nothing assumes the server's d
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -50,6 +53,8 @@ PENDING_S = 30.0
 # alive() outside the reconciler loop refreshes a view older than this.
 STALE_S = 5.0
 FORCE_KILL_AFTER_S = 5.0
+CALL_TIMEOUT_S = 10.0
+T = TypeVar("T")
 
 
 def node_name(node: dict[str, Any]) -> str:
@@ -182,6 +187,10 @@ class RayBackend:
         self._node_ids: dict[str, str] = {}  # gpulease node name -> Ray node id, alive ones
         self._seen: dict[str, FleetNode] = {}  # Ray node id -> the node as last seen
         self._started: dict[str, float] = {}  # actor id -> monotonic start time
+        # Ray calls run on threads of their own, so that a hung one never holds up a caller
+        self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulease-ray")
+        self._stops = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulease-ray-stop")
+        self._pending: concurrent.futures.Future[object] | None = None
         if not ray.is_initialized():
             _check_reachable(address)  # ray.init would retry an unreachable one for minutes
             try:
@@ -255,19 +264,24 @@ class RayBackend:
         if node_id is None:
             raise Unavailable(f"node {node} is not in the Ray cluster now")
         name = f"gpulease-runner-{spec.instance_id}-{secrets.token_hex(3)}"
-        remote: Any = ray.remote(RunnerActor)
-        actor: Any = remote.options(
-            name=name,
-            namespace=self._namespace,
-            lifetime="detached",
-            num_cpus=0,
-            num_gpus=len(spec.gpu_uuids),
-            max_concurrency=2,
-            max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(self.node_spec(spec, node).to_json())
-        actor.watch.remote()
-        actor_id = actor._actor_id.hex()
+        node_spec = self.node_spec(spec, node).to_json()
+
+        def create() -> str:
+            remote: Any = ray.remote(RunnerActor)
+            actor: Any = remote.options(
+                name=name,
+                namespace=self._namespace,
+                lifetime="detached",
+                num_cpus=0,
+                num_gpus=len(spec.gpu_uuids),
+                max_concurrency=2,
+                max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(node_spec)
+            actor.watch.remote()
+            return str(actor._actor_id.hex())
+
+        actor_id = self._bounded(create)
         with self._lock:
             self._started[actor_id] = time.monotonic()
         log.info("started runner actor %s on node %s for instance %d", name, node, spec.instance_id)
@@ -281,10 +295,14 @@ class RayBackend:
         with self._lock:
             view = self._view
         if view is None or time.monotonic() - view.at > STALE_S:
-            self._refresh()
+            try:
+                self._refresh()
+            except Unavailable:
+                log.warning("the Ray cluster does not answer; runners count as alive")
             with self._lock:
                 view = self._view
-        assert view is not None
+        if view is None:
+            return True  # nothing known yet: never fail a runner for want of an answer
         state = view.actors.get(actor_id)
         if state is None:
             with self._lock:
@@ -295,10 +313,25 @@ class RayBackend:
             return False
         return status != "ALIVE" or node_id in view.alive_nodes
 
+    def _bounded(self, call: Callable[[], T]) -> T:
+        """call() on the Ray thread, for at most CALL_TIMEOUT_S. Ray's calls to a head that
+        is gone block for minutes; the reconciler loop must not. While one such call still
+        hangs, the next ones are refused at once."""
+        with self._lock:
+            if self._pending is not None and not self._pending.done():
+                raise Unavailable("the Ray cluster does not answer (an earlier call still waits)")
+            future = self._calls.submit(call)
+            self._pending = future  # type: ignore[assignment]
+        try:
+            return future.result(timeout=CALL_TIMEOUT_S)
+        except concurrent.futures.TimeoutError as exc:
+            raise Unavailable(
+                f"the Ray cluster did not answer within {CALL_TIMEOUT_S:.0f} s"
+            ) from exc
+
     def _refresh(self) -> list[dict[str, Any]]:
         """Read the cluster's nodes and its whole actor table (two GCS calls) into the view."""
-        raw: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
-        actors: dict[str, dict[str, Any]] = ray._private.state.actors()
+        raw, actors = self._bounded(_read_cluster)
         view = _View(
             at=time.monotonic(),
             alive_nodes={str(n["NodeID"]) for n in raw if n.get("Alive")},
@@ -318,6 +351,9 @@ class RayBackend:
         if parsed is None:
             return
         name, actor_id = parsed
+        self._stops.submit(self._stop, name, actor_id, force)
+
+    def _stop(self, name: str, actor_id: str, force: bool) -> None:
         try:
             actor = ray.get_actor(name, namespace=self._namespace)
         except ValueError:
@@ -329,6 +365,12 @@ class RayBackend:
             timer = threading.Timer(FORCE_KILL_AFTER_S, _kill, (actor,))
             timer.daemon = True
             timer.start()
+
+
+def _read_cluster() -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    actors: dict[str, dict[str, Any]] = ray._private.state.actors()
+    return nodes, actors
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
