@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from gpulease.backends.procfs import read_stat
 from gpulease.runner.jobs import RunProcess, stop_runs
 from gpulease.runner.logs import LogBatcher
-from gpulease.runner.procfs import read_stat
 from gpulease.runner.sandbox import (
     GpuDevice,
     Sandbox,
