@@ -75,7 +75,13 @@ def main() -> None:
         runs = []
         with running_platform(root, f"sqlite:///{root / 'gpulease.db'}", "", env) as platform:
             platform.cli(
-                "register", "--server", platform.url, "--name", "b", "--password", "bench-pass-1"
+                "register",
+                "--server",
+                platform.url,
+                "--name",
+                "bench",
+                "--password",
+                "bench-pass-1",
             )
             run = [str(BIN / "gpulease"), "run", "--gpu", "A100-80GB:1", "--template", "python"]
             first_line_seconds([*run, "--", "echo warm"], platform.env())  # builds the env
