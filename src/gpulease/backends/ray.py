@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import os
 import secrets
 import socket
 import threading
@@ -54,6 +55,7 @@ PENDING_S = 30.0
 STALE_S = 5.0
 FORCE_KILL_AFTER_S = 5.0
 CALL_TIMEOUT_S = 10.0
+HEAD_OUTAGE_S = 7 * 24 * 3600
 T = TypeVar("T")
 
 
@@ -193,6 +195,9 @@ class RayBackend:
         self._pending: concurrent.futures.Future[object] | None = None
         if not ray.is_initialized():
             _check_reachable(address)  # ray.init would retry an unreachable one for minutes
+            # A Ray driver whose head stays unreachable for gcs_rpc_server_reconnect_timeout_s
+            # (60 s by default) ends its own process; the server must outlive a head outage.
+            os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(HEAD_OUTAGE_S))
             try:
                 ray.init(
                     address=address,
