@@ -105,6 +105,33 @@ def test_a_run_on_a_ray_node_streams_its_log_back(
     assert wait_for(lambda: not actor_processes(), 20), actor_processes()
 
 
+def test_a_runner_actor_outlives_a_server_crash_and_stops_when_asked(
+    platform: Platform, ray_cluster: RayCluster
+) -> None:
+    platform.cli(
+        "register", "--server", platform.url, "--name", "cat", "--password", "password-123"
+    )
+    platform.cli(
+        "instance",
+        "create",
+        "--gpu",
+        "A100-80GB:1",
+        "--template",
+        "python",
+        "--name",
+        "lives",
+        "--wait",
+    )
+    platform.kill()  # SIGKILL: the detached actor and its runner stay where they are
+    platform.start()
+    time.sleep(3)  # past the start-up health check and a few heartbeats
+    assert platform.cli_json("instance", "show", "lives")["status"] == "running"  # type: ignore[index]
+    platform.cli("instance", "stop", "lives")
+    got = platform.wait_status("lives", "stopped", timeout=30)
+    assert "exited" not in got["status_reason"], got  # it stopped, it did not crash
+    assert wait_for(lambda: not actor_processes(), 20), actor_processes()
+
+
 def test_a_node_that_dies_ends_its_instance_with_the_reason(
     platform: Platform, ray_cluster: RayCluster
 ) -> None:
