@@ -13,6 +13,7 @@ from factories import Caller, make_running_instance, make_settings
 from gpulease.backends.fake import FakeBackend
 from gpulease.backends.fleet import FleetNode
 from gpulease.core.catalog import Catalog
+from gpulease.core.errors import Unavailable
 from gpulease.gpus.discovery import DiscoveredGpu, Inventory
 from gpulease.server.db import transaction
 from gpulease.server.orm import Instance, Node, UsageSegment
@@ -46,8 +47,11 @@ class FakeFleet(FakeBackend):
     def __init__(self) -> None:
         super().__init__()
         self.fleet: list[FleetNode] = []
+        self.answers = True  # False: nodes() raises as for a head that does not answer
 
     def nodes(self, catalog: Catalog) -> list[FleetNode]:
+        if not self.answers:
+            raise Unavailable("the Ray cluster did not answer within 10 s")
         return list(self.fleet)
 
 
@@ -145,3 +149,15 @@ def test_an_instance_on_a_node_that_leaves_fails_with_the_reason(
             select(UsageSegment.ended_at).where(UsageSegment.instance_id == instance_id)
         ).all()
         assert ends == [last_heartbeat]  # billed up to the last heartbeat, not the tick
+
+
+def test_a_cluster_that_does_not_answer_marks_nothing_gone(
+    rt: Runtime, backend: FakeFleet, ann: Caller, tick, runner_for
+) -> None:  # type: ignore[no-untyped-def]
+    backend.fleet = [fleet_node("gpu-a")]
+    tick()
+    instance_id, _runner = make_running_instance(ann, tick, runner_for, gpu="A100-80GB:1")
+    backend.answers = False
+    tick()
+    assert ann.get(f"/api/v1/instances/{instance_id}").json()["status"] == "running"
+    assert free_total(ann, "A100-80GB") == (1, 2)

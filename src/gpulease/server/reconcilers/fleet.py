@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpulease.backends.fleet import Fleet, FleetNode
+from gpulease.core.errors import Unavailable
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance, Node
 from gpulease.server.runtime import Runtime
@@ -40,7 +41,12 @@ def tick(rt: Runtime) -> None:
     backend = rt.backend
     if not isinstance(backend, Fleet):
         return
-    found = backend.nodes(rt.catalog)  # the cluster call, outside any transaction
+    try:
+        found = backend.nodes(rt.catalog)  # the cluster call, outside any transaction
+    except Unavailable as exc:
+        # No answer is no news: nothing is marked gone until the cluster says so.
+        log.warning("node inventory not refreshed: %s", exc.message)
+        return
     now = utcnow()
     with transaction(rt.sessions) as session:
         # every node: one left over from a run on another backend is not offered either
