@@ -76,6 +76,14 @@ class StepCounter:
         self._next[key] = step + 1
         return step
 
+    def point(
+        self, key: str, given: int | None, value: float, when: float, source: str
+    ) -> RunnerMetricPoint:
+        """A point of key at the step given, else the key's next one."""
+        return RunnerMetricPoint(
+            key=key, step=self.step(key, given), value=value, time=when, source=source
+        )
+
 
 def valid_point(key: str, value: float) -> bool:
     return bool(METRIC_KEY_PATTERN.match(key)) and math.isfinite(value)
@@ -151,16 +159,10 @@ class StdoutParser:
             if parsed is None:
                 continue
             step, values = parsed
-            for key, value in values.items():
-                points.append(
-                    RunnerMetricPoint(
-                        key=key,
-                        step=self._counter.step(key, step),
-                        value=value,
-                        time=now,
-                        source="stdout",
-                    )
-                )
+            points += [
+                self._counter.point(key, step, value, now, "stdout")
+                for key, value in values.items()
+            ]
         return points
 
 
@@ -218,15 +220,7 @@ class SdkFileReader:
                 continue
             number = float(value)
             if isinstance(key, str) and valid_point(key, number):
-                points.append(
-                    RunnerMetricPoint(
-                        key=key,
-                        step=self._counter.step(key, step),
-                        value=number,
-                        time=when,
-                        source="sdk",
-                    )
-                )
+                points.append(self._counter.point(key, step, number, when, "sdk"))
         return points
 
     def _bad_line(self, why: str) -> None:
