@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -71,15 +72,11 @@ def register(
     replace_certificate: ReplaceOption = False,
 ) -> None:
     """Create an account on a server and stay logged in to it."""
-    _sign_in(
-        server,
-        yes,
-        replace_certificate,
-        lambda client: client.auth.register(
-            RegisterRequest(name=name, password=password, email=email)
-        ),
-        "registered [bold]{user}[/bold] on {url}; logged in",
-    )
+    url = _server_url(server)
+    body = RegisterRequest(name=name, password=password, email=email)
+    user, path = _sign_in(url, yes, replace_certificate, lambda client: client.auth.register(body))
+    console().print(f"registered [bold]{user}[/bold] on {url}; logged in")
+    note(f"login saved in {path}")
 
 
 def login(
@@ -95,34 +92,24 @@ def login(
     replace_certificate: ReplaceOption = False,
 ) -> None:
     """Log in to a server; the token is saved for the next commands."""
+    url = _server_url(server)
     token_name = f"cli on {platform.node() or 'host'}"
-    _sign_in(
-        server,
-        yes,
-        replace_certificate,
-        lambda client: client.auth.login(
-            LoginRequest(name=name, password=password, token_name=token_name)
-        ),
-        "logged in to {url} as [bold]{user}[/bold]",
-    )
+    body = LoginRequest(name=name, password=password, token_name=token_name)
+    user, path = _sign_in(url, yes, replace_certificate, lambda client: client.auth.login(body))
+    console().print(f"logged in to {url} as [bold]{user}[/bold]")
+    note(f"login saved in {path}")
 
 
 def _sign_in(
-    server: str | None,
-    yes: bool,
-    replace_certificate: bool,
-    call: Callable[[GpuleaseClient], AuthResult],
-    message: str,
-) -> None:
-    """Trust the server's certificate, `call` it anonymously and save the login it returns;
-    `message` is said with {user} and {url} filled in."""
-    url = _server_url(server)
+    url: str, yes: bool, replace_certificate: bool, call: Callable[[GpuleaseClient], AuthResult]
+) -> tuple[str, Path]:
+    """Trust url's certificate (asking first), `call` it anonymously and save the login it
+    returns: the user's name and where the login is saved."""
     confirm_server_certificate(url, yes=yes, replace=replace_certificate)
     with connection.open_client(url, None) as client:
         result = call(client)
     path = save_login(Login(server=url, token=result.token, user=result.user.name))
-    console().print(message.format(user=result.user.name, url=url))
-    note(f"login saved in {path}")
+    return result.user.name, path
 
 
 def logout() -> None:
@@ -179,10 +166,8 @@ def _show_created(created: TokenCreated) -> None:
 @token_app.command("ls")
 def token_list(output: OutputOption = OutputFormat.table) -> None:
     """Your API tokens (secrets are never shown again, only their first characters)."""
-    with logged_in_client() as client:
-        tokens = client.tokens.list()
     emit_rows(
-        tokens,
+        fetch(lambda client: client.tokens.list()),
         output,
         ("ID", "NAME", "PREFIX", "CREATED", "LAST USED", "REVOKED"),
         lambda t: (

@@ -25,10 +25,8 @@ from gpulease.schemas.ledger import GrantCreate, Usage
 
 def balance(output: OutputOption = OutputFormat.table) -> None:
     """Your credit, in money and in NCU (1 NCU = one A100 for 24 hours)."""
-    with logged_in_client() as client:
-        found = client.billing.balance()
     emit(
-        found,
+        fetch(lambda client: client.billing.balance()),
         output,
         lambda found: show_fields(
             [("balance", f"{found.balance} {found.currency}"), ("ncu", found.ncu)]
