@@ -39,15 +39,19 @@ for _key, _value in RAY_ENV.items():
     os.environ.setdefault(_key, _value)
 
 
-def worker_resources(name: str, gpus: int = 2, model: str = "A100-80GB") -> dict[str, float]:
-    """The resources `ray start --resources` gives a simulated GPU node (docs/ray.md)."""
-    return {
+def worker_resources(
+    name: str, gpus: int = 2, model: str = "A100-80GB", simulated: bool = True
+) -> dict[str, float]:
+    """The resources `ray start --resources` gives a GPU node (docs/ray.md)."""
+    resources = {
         f"gpulease/{model}": float(gpus),
         f"gpulease/name:{name}": 1.0,
         "gpulease/driver:550.54.15": 1.0,
         "gpulease/cuda:12.4": 1.0,
-        "gpulease/simulated": 1.0,
     }
+    if simulated:
+        resources["gpulease/simulated"] = 1.0
+    return resources
 
 
 @dataclass
@@ -64,13 +68,15 @@ class RayCluster:
     def node_home(self) -> Path:
         return self.root / "nodes"
 
-    def add_worker(self, name: str, gpus: int = 2, model: str = "A100-80GB") -> None:
+    def add_worker(
+        self, name: str, gpus: int = 2, model: str = "A100-80GB", simulated: bool = True
+    ) -> None:
         self.workers[name] = self.cluster.add_node(
             node_ip_address="127.0.0.1",
             num_cpus=1,
             num_gpus=gpus,
             object_store_memory=80 * MiB,
-            resources=worker_resources(name, gpus, model),
+            resources=worker_resources(name, gpus, model, simulated),
         )
 
     def kill_worker(self, name: str) -> None:

@@ -106,6 +106,25 @@ def test_node_join_and_leave(backend: RayBackend, ray_cluster: RayCluster, catal
     assert wait_until(lambda: not by_name(backend, catalog)["gpu-c"].alive, 20)
 
 
+def test_a_real_gpu_node_is_read_through_nvml_on_the_node(
+    backend: RayBackend,
+    ray_cluster: RayCluster,
+    catalog,  # type: ignore[no-untyped-def]
+) -> None:
+    # Not simulated: a task pinned to the node reads its GPUs through NVML before it is
+    # offered. This host has no NVIDIA driver, so NVML finds none and the node's resources
+    # are what it offers (not simulated).
+    ray_cluster.add_worker("gpu-r", gpus=1, model="T4", simulated=False)
+    try:
+        assert wait_until(lambda: "gpu-r" in by_name(backend, catalog), 20)
+        r = by_name(backend, catalog)["gpu-r"]
+        assert [(g.model, g.simulated, g.uuid) for g in r.inventory.gpus] == [
+            ("T4", False, "ray:gpu-r:0")
+        ]
+    finally:
+        ray_cluster.kill_worker("gpu-r")
+
+
 def test_runner_actor_on_the_chosen_node(
     backend: RayBackend,
     ray_cluster: RayCluster,

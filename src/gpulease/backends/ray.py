@@ -125,6 +125,17 @@ def _parse_handle(handle: str) -> tuple[str, str] | None:
         return None
 
 
+PENDING = object()
+
+
+@ray.remote(num_cpus=0)
+def _discover_on_node(catalog: Catalog) -> Inventory:
+    """Runs on one node: its GPUs through NVML, as the local backend reads its host's."""
+    from gpulease.gpus.discovery import discover
+
+    return discover(catalog)
+
+
 class RunnerActor:
     """Hosts one runner process on its node and lives exactly as long as that runner.
 
@@ -188,6 +199,8 @@ class RayBackend:
         self._view: _View | None = None
         self._node_ids: dict[str, str] = {}  # gpulease node name -> Ray node id, alive ones
         self._seen: dict[str, FleetNode] = {}  # Ray node id -> the node as last seen
+        self._probes: dict[str, Any] = {}  # Ray node id -> its NVML task's ObjectRef
+        self._probed: dict[str, Inventory | None] = {}  # Ray node id -> what NVML found
         self._started: dict[str, float] = {}  # actor id -> monotonic start time
         # Ray calls run on threads of their own, so that a hung one never holds up a caller
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulease-ray")
@@ -232,6 +245,12 @@ class RayBackend:
             inventory = node_inventory(resources, name, catalog)
             if inventory is None:
                 continue
+            if alive and SIMULATED not in resources:
+                probed = self._probe(node_id, name, catalog)
+                if probed is PENDING:
+                    continue  # offered once its GPUs are known, a moment after it joined
+                if isinstance(probed, Inventory) and probed.gpus:
+                    inventory = probed
             ids[name] = node_id
             found[name] = FleetNode(
                 name=name,
@@ -246,6 +265,40 @@ class RayBackend:
         with self._lock:
             self._node_ids = {name: ids[name] for name, n in found.items() if n.alive}
         return list(found.values())
+
+    def _probe(self, node_id: str, name: str, catalog: Catalog) -> Inventory | object | None:
+        """The node's GPUs as NVML sees them there (real UUIDs, indices, driver), read once by
+        a task pinned to it: PENDING until it answers, None when NVML found no GPU (the
+        node's resources are then all there is)."""
+        with self._lock:
+            if node_id in self._probed:
+                return self._probed[node_id]
+            ref = self._probes.get(node_id)
+        if ref is None:
+            ref = self._bounded(
+                lambda: _discover_on_node.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                ).remote(catalog)
+            )
+            with self._lock:
+                self._probes[node_id] = ref
+        ready, _ = ray.wait([ref], timeout=0)
+        if not ready:
+            return PENDING
+        result: Inventory | None
+        try:
+            result = ray.get(ref, timeout=CALL_TIMEOUT_S)
+        except Exception:  # the task failed: the node's resources are all there is
+            log.warning("could not read the GPUs of node %s through NVML", name, exc_info=True)
+            result = None
+        if result is not None and not result.gpus:
+            result = None
+        if result is None:
+            log.info("node %s: no GPU through NVML; its gpulease/ resources tell its GPUs", name)
+        with self._lock:
+            self._probed[node_id] = result
+            self._probes.pop(node_id, None)
+        return result
 
     # -- runners --------------------------------------------------------------------------
 
