@@ -54,10 +54,8 @@ def plans(
 
 def offpeak(output: OutputOption = OutputFormat.table) -> None:
     """Off-peak windows: when GPUs cost less."""
-    with logged_in_client() as client:
-        windows = client.billing.offpeak()
     emit_rows(
-        windows,
+        fetch(lambda client: client.billing.offpeak()),
         output,
         ("ID", "DAYS", "FROM", "TO", "DISCOUNT", "ZONE"),
         lambda w: (w.id, ",".join(w.weekdays), w.start, w.end, f"{w.discount_percent}%", w.tz),
@@ -145,8 +143,7 @@ def _print_team(team: TeamPublic) -> None:
 @team_app.command("create")
 def create_team(name: str, output: OutputOption = OutputFormat.table) -> None:
     """Create a team; you own it and its wallet."""
-    with logged_in_client() as client:
-        emit(client.teams.create(TeamCreate(name=name)), output, _print_team)
+    emit(fetch(lambda client: client.teams.create(TeamCreate(name=name))), output, _print_team)
 
 
 @team_app.command("ls")
@@ -164,8 +161,7 @@ def list_teams(output: OutputOption = OutputFormat.table) -> None:
 @team_app.command("show")
 def show_team(name: str, output: OutputOption = OutputFormat.table) -> None:
     """A team's balance and each member's spending (owners see everyone)."""
-    with logged_in_client() as client:
-        emit(client.teams.get(name), output, _print_team)
+    emit(fetch(lambda client: client.teams.get(name)), output, _print_team)
 
 
 @team_app.command("add")
