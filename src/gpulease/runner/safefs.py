@@ -147,6 +147,18 @@ def open_file(
     return fd
 
 
+@contextlib.contextmanager
+def opened_file(
+    root: Path | int, relative: str | PurePosixPath | Path, *, single_link: bool = False
+) -> Iterator[int]:
+    """open_file(root, relative) for reading, closed again when the block ends."""
+    fd = open_file(root, relative, single_link=single_link)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def read_fd(fd: int, limit: int, offset: int | None = None) -> bytes:
     """At most limit bytes from fd (from offset when given, else where it stands)."""
     if offset is not None:
@@ -167,11 +179,8 @@ def read_bytes(
     single_link: bool = False,
 ) -> bytes:
     """At most limit bytes of the regular file root/relative, from offset."""
-    fd = open_file(root, relative, single_link=single_link)
-    try:
+    with opened_file(root, relative, single_link=single_link) as fd:
         return read_fd(fd, limit, offset)
-    finally:
-        os.close(fd)
 
 
 def read_tail(
@@ -182,12 +191,9 @@ def read_tail(
     single_link: bool = False,
 ) -> bytes:
     """The last limit bytes (or fewer) of the regular file root/relative."""
-    fd = open_file(root, relative, single_link=single_link)
-    try:
+    with opened_file(root, relative, single_link=single_link) as fd:
         size = os.fstat(fd).st_size
         return read_fd(fd, limit, max(0, size - limit))
-    finally:
-        os.close(fd)
 
 
 def read_text(

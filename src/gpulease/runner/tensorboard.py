@@ -325,13 +325,10 @@ def _read_from(root: Path, relative: Path, offset: int, limit: int) -> tuple[byt
     """Up to limit bytes of the regular file root/relative from offset, and the file's
     size; never through a symlink at any component (the job owns the workspace and could
     point one at the runner's own files or another instance's), never a FIFO."""
-    fd = safefs.open_file(root, relative)
-    try:
+    with safefs.opened_file(root, relative) as fd:
         size = os.fstat(fd).st_size
         data = safefs.read_fd(fd, limit, offset)
         return data, max(size, offset + len(data))
-    finally:
-        os.close(fd)
 
 
 def find_event_files(root: Path, *, beneath: Path | None = None) -> dict[Path, int]:
