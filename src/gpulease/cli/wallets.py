@@ -19,7 +19,7 @@ from gpulease.cli.output import (
     table,
     when,
 )
-from gpulease.core.money import format_credits
+from gpulease.core.money import format_cap
 from gpulease.schemas.billing import (
     AdminLimitsUpdate,
     LimitsPublic,
@@ -35,7 +35,7 @@ from gpulease.schemas.ledger import GrantCreate
 
 
 def _money(micro: int | None) -> str:
-    return "-" if micro is None else format_credits(micro, "")
+    return format_cap(micro, "", 4, unset="-")
 
 
 def plans(
