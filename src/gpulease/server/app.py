@@ -122,9 +122,9 @@ def create_app(
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     prometheus.install(app)  # GET /metrics and the request latency middleware
-    app.add_middleware(SecurityHeaders)  # nosniff everywhere, HSTS over TLS
     app.add_middleware(TokenGuessingGate)  # 429 for an address that keeps sending bad tokens
     app.add_middleware(JupyterOriginGate)  # a Jupyter host serves JupyterLab and nothing else
+    app.add_middleware(SecurityHeaders)  # nosniff everywhere, HSTS over TLS
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
