@@ -127,7 +127,7 @@ class Config:
     reservations: int = 1
     spot_preemption: bool = True
     las_thresholds: tuple[float, ...] = (3600.0, 36000.0, 360000.0)
-    eta_events: int = 5000  # the forward simulation's budget of starts; beyond: no ETA
+    eta_events: int = 500  # the forward simulation's budget of starts; beyond: no ETA
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,11 +89,11 @@ class _Ends:
 class _SortedView:
     """A heap read in time order, sorted only if someone reads it (a reservation)."""
 
-    def __init__(self, heap: list[_End]) -> None:
+    def __init__(self, heap: list[tuple[float, int, _End]]) -> None:
         self.heap = heap
 
     def __iter__(self) -> Iterator[_End]:
-        return iter(sorted(self.heap))
+        return (e for _, _, e in sorted(self.heap))
 
 
 def schedule(
@@ -136,7 +136,7 @@ def schedule(
         positions[req.model] += 1
         if req.id in want_ids:
             ahead = positions[req.model] - 1
-            reason = result.why.get(req.id) or _needs(req, state.free)
+            reason = result.why.get(req.id) or _needs(req, free)
             if ahead:
                 reason += f"; {ahead} request{'s' if ahead != 1 else ''} ahead of you"
             decisions.waiting[req.id] = Waiting(
@@ -416,16 +416,17 @@ def _forward(
     arrivals, non-preemptive), with the same greedy pass at each end."""
     free = free.copy()
     held_user, held_team = defaultdict(int, held_user), defaultdict(int, held_team)
-    heap = list(ends)  # already in time order: a valid heap
+    heap = [(e.at, k, e) for k, e in enumerate(ends)]  # in time order: a valid heap
+    seq = len(heap)
     todo = {r.id for r in wanted}
     etas: dict[int, float] = {}
     queue = list(waiting)
     gone: set[int] = set()
     budget = config.eta_events
     while todo and heap and len(queue) > len(gone) and budget > 0:
-        at = heap[0].at
-        while heap and heap[0].at <= at:
-            e = heapq.heappop(heap)
+        at = heap[0][0]
+        while heap and heap[0][0] <= at:
+            e = heapq.heappop(heap)[2]
             free.give(e.model, e.node_ids, e.count)
             held_user[e.owner] -= e.count * len(e.node_ids)
             if e.team is not None:
@@ -450,16 +451,10 @@ def _forward(
             etas[req.id] = max(at, now)
             todo.discard(req.id)
             if req.duration is not None and req.count:
+                end = max(at, now) + req.duration
+                seq += 1
                 heapq.heappush(
-                    heap,
-                    _End(
-                        max(at, now) + req.duration,
-                        req.model,
-                        nodes,
-                        req.count,
-                        req.owner,
-                        req.team,
-                    ),
+                    heap, (end, seq, _End(end, req.model, nodes, req.count, req.owner, req.team))
                 )
         if len(gone) >= 64:
             queue = [r for r in queue if r.id not in gone]

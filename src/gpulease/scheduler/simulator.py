@@ -1,0 +1,310 @@
+"""Replay a trace through `schedule()`: event-driven (arrivals and completions), the very
+policy code the server runs, on a cluster of identical nodes.
+
+Durations are unknown to every policy except `srtf` (the oracle): the others see a learned
+estimate, each user's mean duration so far. A preempted job is suspended and later resumes
+where it stopped (no checkpoint cost).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gpulease.scheduler.model import (
+    ClusterState,
+    Config,
+    FairShare,
+    Request,
+    Running,
+    RunningSet,
+)
+from gpulease.scheduler.placement import FreeMap
+from gpulease.scheduler.policy import schedule
+from gpulease.scheduler.traces import Job
+
+MODEL = "GPU"
+ETA_WITHIN_S = 600.0
+
+
+@dataclass(slots=True)
+class Sample:
+    at: float
+    queued: int
+    busy_gpus: int
+
+
+@dataclass(slots=True)
+class Result:
+    policy: str
+    jobs: int
+    gpus: int
+    avg_jct: float
+    median_jct: float
+    p95_jct: float
+    avg_queue: float
+    median_queue: float
+    p95_queue: float
+    utilisation: float
+    fragmentation: float
+    fairness: float
+    eta_within_10min: float
+    eta_within_25pct: float
+    preemptions: int
+    dropped: int  # jobs larger than the cluster
+    samples: list[Sample] = field(default_factory=list)
+
+    def figures(self) -> dict[str, float | int | str]:
+        return {k: getattr(self, k) for k in self.__slots__ if k != "samples"}
+
+
+class _Learner:
+    """Each user's mean duration so far (the global mean for a newcomer)."""
+
+    def __init__(self, prior: float = 3600.0) -> None:
+        self.sum: dict[str, float] = {}
+        self.n: dict[str, int] = {}
+        self.total, self.count, self.prior = 0.0, 0, prior
+
+    def estimate(self, user: str) -> float:
+        n = self.n.get(user)
+        if n:
+            return self.sum[user] / n
+        return self.total / self.count if self.count else self.prior
+
+    def learn(self, user: str, duration: float) -> None:
+        self.sum[user] = self.sum.get(user, 0.0) + duration
+        self.n[user] = self.n.get(user, 0) + 1
+        self.total += duration
+        self.count += 1
+
+
+def _shape(gpus: int, per_node: int) -> tuple[int, int]:
+    """(GPUs per node, nodes): a job bigger than one node spreads over whole nodes."""
+    if gpus <= per_node:
+        return gpus, 1
+    nodes = math.ceil(gpus / per_node)
+    return math.ceil(gpus / nodes), nodes
+
+
+def simulate(
+    jobs: Sequence[Job],
+    nodes: int,
+    gpus_per_node: int,
+    config: Config,
+    samples: int = 0,
+) -> Result:
+    """Run every job to completion under `config.policy`; `samples` > 0 keeps about that
+    many (time, queue length, busy GPUs) points for a plot."""
+    free = FreeMap({MODEL: dict.fromkeys(range(nodes), gpus_per_node)})
+    total_gpus = nodes * gpus_per_node
+    oracle = config.policy == "srtf"
+    learner = _Learner()
+    share = FairShare(config.half_life)
+    running = RunningSet()
+    queue: dict[int, Request] = {}
+    served: dict[int, float] = {}  # seconds each job has run so far
+    first_start: dict[int, float] = {}
+    finish: dict[int, float] = {}
+    first_eta: dict[int, float | None] = {}
+    epoch: dict[int, int] = {}  # bumps on preemption: stale completions are ignored
+    completions: list[tuple[float, int, int]] = []
+    by_id = {j.id: j for j in jobs}
+    node_ids = list(range(nodes))
+    kept = [j for j in jobs if j.gpus <= total_gpus]
+    dropped = len(jobs) - len(kept)
+    arrivals = sorted(kept, key=lambda j: (j.submit, j.id))
+    i = 0
+    busy = 0
+    busy_area = 0.0
+    frag_area = 0.0
+    frag_time = 0.0
+    last = arrivals[0].submit if arrivals else 0.0
+    preemptions = 0
+    trace: list[Sample] = []
+    while i < len(arrivals) or completions:
+        now = min(
+            arrivals[i].submit if i < len(arrivals) else math.inf,
+            completions[0][0] if completions else math.inf,
+        )
+        busy_area += busy * (now - last)
+        last = now
+        while completions and completions[0][0] <= now:
+            _, jid, ep = heapq.heappop(completions)
+            if epoch.get(jid, 0) != ep:
+                continue
+            r = running.remove(jid)
+            free.give(MODEL, r.node_ids, r.count)
+            busy -= r.gpus
+            share.ended(r.owner, r.gpus, r.start, now)
+            finish[jid] = now
+            learner.learn(r.owner, by_id[jid].duration)
+        new: list[int] = []
+        while i < len(arrivals) and arrivals[i].submit <= now:
+            j = arrivals[i]
+            count, n = _shape(j.gpus, gpus_per_node)
+            queue[j.id] = Request(
+                j.id,
+                j.user,
+                MODEL,
+                count,
+                n,
+                j.submit,
+                j.plan,
+                j.team,
+                duration=j.duration if oracle else learner.estimate(j.user),
+            )
+            new.append(j.id)
+            i += 1
+        if not queue:
+            continue
+        state = ClusterState(free, running, list(queue.values()), share.usage(now), node_ids)
+        decisions = schedule(state, now, config, explain=new)
+        for rid in decisions.preempt:
+            r = running.remove(rid)
+            free.give(MODEL, r.node_ids, r.count)
+            busy -= r.gpus
+            share.ended(r.owner, r.gpus, r.start, now)
+            served[rid] = served.get(rid, 0.0) + now - r.start
+            epoch[rid] = epoch.get(rid, 0) + 1
+            preemptions += 1
+            j = by_id[rid]
+            count, n = _shape(j.gpus, gpus_per_node)
+            queue[rid] = Request(
+                rid,
+                j.user,
+                MODEL,
+                count,
+                n,
+                j.submit,
+                j.plan,
+                j.team,
+                duration=j.duration if oracle else learner.estimate(j.user),
+                attained=served[rid] * j.gpus,
+            )
+        for start in decisions.starts:
+            req = queue.pop(start.request_id)
+            j = by_id[req.id]
+            done = served.get(req.id, 0.0)
+            end = now + j.duration - done
+            estimate = req.duration if req.duration is not None else j.duration
+            r = Running(
+                req.id,
+                req.owner,
+                MODEL,
+                req.count,
+                start.node_ids,
+                now,
+                expected_end=max(now + estimate - done, now),
+                plan=req.plan,
+                team=req.team,
+                duration=j.duration if oracle else None,
+                attained=req.attained,
+            )
+            running.add(r)
+            free.take(MODEL, r.node_ids, r.count)
+            busy += r.gpus
+            share.started(r.owner, r.gpus, now)
+            first_start.setdefault(req.id, now)
+            heapq.heappush(completions, (end, req.id, epoch.get(req.id, 0)))
+        for jid in new:
+            if jid in first_start and first_start[jid] == now:
+                first_eta[jid] = now
+            else:
+                w = decisions.waiting.get(jid)
+                first_eta[jid] = w.eta if w is not None else None
+        if queue and free.total(MODEL):
+            head = (
+                min(queue.values(), key=lambda r: (r.arrival, r.id))
+                if len(queue) < 64
+                else next(iter(queue.values()))
+            )
+            stranded = free.total_below(MODEL, head.count)
+            nxt = min(
+                arrivals[i].submit if i < len(arrivals) else math.inf,
+                completions[0][0] if completions else math.inf,
+            )
+            if math.isfinite(nxt):
+                frag_area += stranded / free.total(MODEL) * (nxt - now)
+                frag_time += nxt - now
+        if samples:
+            trace.append(Sample(now, len(queue), busy))
+    return _result(
+        config.policy,
+        kept,
+        total_gpus,
+        first_start,
+        finish,
+        first_eta,
+        busy_area,
+        frag_area / frag_time if frag_time else 0.0,
+        preemptions,
+        dropped,
+        trace,
+        samples,
+    )
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _result(
+    policy: str,
+    jobs: Sequence[Job],
+    total_gpus: int,
+    first_start: dict[int, float],
+    finish: dict[int, float],
+    first_eta: dict[int, float | None],
+    busy_area: float,
+    fragmentation: float,
+    preemptions: int,
+    dropped: int,
+    trace: list[Sample],
+    samples: int,
+) -> Result:
+    jct = [finish[j.id] - j.submit for j in jobs]
+    wait = [first_start[j.id] - j.submit for j in jobs]
+    span = max(finish.values()) - min(j.submit for j in jobs) if jobs else 0.0
+    slow: dict[str, list[float]] = {}
+    for j in jobs:
+        slow.setdefault(j.user, []).append((finish[j.id] - j.submit) / max(j.duration, 1.0))
+    per_user = [statistics.fmean(v) for v in slow.values()]
+    fairness = sum(per_user) ** 2 / (len(per_user) * sum(x * x for x in per_user))
+    near = close = 0
+    for j in jobs:
+        eta = first_eta.get(j.id)
+        if eta is None:
+            continue
+        err = abs(eta - first_start[j.id])
+        near += err <= ETA_WITHIN_S
+        close += err <= 0.25 * (first_start[j.id] - j.submit)
+    if samples and len(trace) > samples:
+        step = len(trace) / samples
+        trace = [trace[int(k * step)] for k in range(samples)]
+    n = len(jobs)
+    return Result(
+        policy=policy,
+        jobs=n,
+        gpus=total_gpus,
+        avg_jct=statistics.fmean(jct),
+        median_jct=statistics.median(jct),
+        p95_jct=_pct(jct, 0.95),
+        avg_queue=statistics.fmean(wait),
+        median_queue=statistics.median(wait),
+        p95_queue=_pct(wait, 0.95),
+        utilisation=busy_area / (total_gpus * span) if span else 0.0,
+        fragmentation=fragmentation,
+        fairness=fairness,
+        eta_within_10min=near / n,
+        eta_within_25pct=close / n,
+        preemptions=preemptions,
+        dropped=dropped,
+        samples=trace,
+    )
