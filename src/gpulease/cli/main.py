@@ -14,6 +14,7 @@ from gpulease.cli import datasets as dataset_commands
 from gpulease.cli import doctor as doctor_commands
 from gpulease.cli import estimates as estimate_commands
 from gpulease.cli import metrics as metric_commands
+from gpulease.cli import simulate as simulate_commands
 from gpulease.cli import statements as statement_commands
 from gpulease.cli import support as support_commands
 from gpulease.cli.output import fail
@@ -67,6 +68,7 @@ app.command("gpus")(catalog.gpus)
 app.add_typer(catalog.templates_app, name="templates")  # the catalog's and your own
 app.command("nodes")(catalog.nodes)
 app.command("doctor")(doctor_commands.doctor)  # driver, CUDA and framework checks
+app.command("simulate")(simulate_commands.simulate)  # replay a trace through the policies
 
 autostop_commands.register(instances.instance_app)  # instance autostop, schedule, resize
 app.add_typer(instances.instance_app, name="instance")
