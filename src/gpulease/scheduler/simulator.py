@@ -56,9 +56,14 @@ class Result:
     preemptions: int
     dropped: int  # jobs larger than the cluster
     samples: list[Sample] = field(default_factory=list)
+    first_starts: dict[int, float] = field(default_factory=dict)  # job id -> first start
 
     def figures(self) -> dict[str, float | int | str]:
-        return {k: getattr(self, k) for k in self.__slots__ if k != "samples"}
+        return {
+            k: getattr(self, k)
+            for k in self.__slots__
+            if k not in ("samples", "first_starts")
+        }
 
 
 class _Learner:
@@ -307,4 +312,5 @@ def _result(
         preemptions=preemptions,
         dropped=dropped,
         samples=trace,
+        first_starts=first_start,
     )
