@@ -319,6 +319,9 @@ class Agent:
             except (ServerGone, Aborted):
                 return
             commands = _answer(response, RunnerCommands) if response.status_code == 200 else None
+            if commands is not None and commands.stop:
+                self.request_stop("the server asked to stop")
+                return
             if commands is not None:
                 for run in commands.runs:
                     self._start_run(run)

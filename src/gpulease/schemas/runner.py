@@ -133,6 +133,9 @@ class RunnerCommands(BaseModel):
     runs: list[RunnerRun]
     streams: list[RunnerStreamEntry] = Field(default_factory=list)
     tasks: list[RunnerTask] = Field(default_factory=list)
+    # The instance is stopping: stop every run, call /stopped and exit (as a heartbeat's
+    # "stop"); the long poll answers at once with it.
+    stop: bool = False
 
 
 class RunnerStarted(BaseModel):

@@ -59,9 +59,12 @@ def ready(session: Session, instance: Instance) -> None:
 
 def heartbeat(session: Session, instance: Instance) -> str:
     _seen(instance)
-    if instance.status == STOPPING or instance.desired_state != "running":
-        return "stop"
-    return "continue"
+    return "stop" if stop_wanted(instance) else "continue"
+
+
+def stop_wanted(instance: Instance) -> bool:
+    """The runner should stop its runs, call /stopped and exit."""
+    return instance.status == STOPPING or instance.desired_state != "running"
 
 
 def pending_runs(session: Session, instance: Instance) -> list[Run]:

@@ -11,6 +11,7 @@ from gpulease.core.errors import Conflict, InvalidInput, NotFound
 from gpulease.core.ids import MAX_ID
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, LogChunk, Run, User
+from gpulease.server.runner_doorbell import ring_after_commit
 from gpulease.server.services import notifications
 from gpulease.server.services.instances.states import QUEUED, RUNNING, STARTING
 
@@ -48,6 +49,7 @@ def create_run(
     )
     session.add(run)
     session.flush()
+    ring_after_commit(session, instance.id)  # the runner's long poll answers at once
     return run
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import APIRouter, Request, Response
@@ -25,6 +26,7 @@ from gpulease.schemas.runner import (
     RunnerTask,
 )
 from gpulease.server.routers.deps import runner_token, tx
+from gpulease.server.runner_doorbell import FALLBACK_S, Listener, doorbell
 from gpulease.server.services import runners, runs, templates
 from gpulease.server.services.streams import hub_of
 
@@ -67,34 +69,53 @@ def heartbeat(body: RunnerHeartbeat, request: Request) -> RunnerAction:
 
 @router.get("/commands")
 async def commands(request: Request, wait: float = 20.0) -> RunnerCommands:
-    """Long poll: answers as soon as a run is pending, or empty after `wait` seconds."""
+    """Long poll: answers as soon as there is a run, stream or task for the runner or the
+    instance is stopping, or empty after `wait` seconds. No transaction or worker thread is
+    held while waiting: the instance's doorbell (runner_doorbell.py) wakes it, and the
+    database is re-read every FALLBACK_S for changes other replicas made."""
     token = runner_token(request)
     deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
 
-    def _pending() -> tuple[int, list[RunnerRun], list[RunnerTask]]:
+    def _pending() -> tuple[int, RunnerCommands]:
         with tx(request) as session:
             instance = runners.instance_for_token(session, token)
             tasks = [
                 RunnerTask(id=t.id, kind=templates.SNAPSHOT_TASK)
                 for t in templates.pending_tasks(session, instance)
             ]
-            return (
-                instance.id,
-                [
-                    RunnerRun(id=r.id, command=r.command, env=r.env)
-                    for r in runners.pending_runs(session, instance)
-                ],
-                tasks,
-            )
+            found = [
+                RunnerRun(id=r.id, command=r.command, env=r.env)
+                for r in runners.pending_runs(session, instance)
+            ]
+            stop = runners.stop_wanted(instance)
+            return instance.id, RunnerCommands(runs=found, tasks=tasks, stop=stop)
 
     hub = hub_of(request.app.state)  # terminal and Jupyter streams (services/streams.py)
-    while True:
-        instance_id, found, tasks = await run_in_threadpool(_pending)
-        wanted = [RunnerStreamEntry.model_validate(s) for s in hub.wanted(instance_id)]
-        left = deadline - time.monotonic()
-        if found or wanted or tasks or left <= 0 or await request.is_disconnected():
-            return RunnerCommands(runs=found, streams=wanted, tasks=tasks)
-        await request.app.state.signals.runs.wait(min(left, 1.0))
+    instance_id, answer = await run_in_threadpool(_pending)
+    with doorbell.listen(instance_id) as bell:
+        while True:
+            answer.streams = [RunnerStreamEntry.model_validate(s) for s in hub.wanted(instance_id)]
+            left = deadline - time.monotonic()
+            if answer.runs or answer.streams or answer.tasks or answer.stop or left <= 0:
+                return answer
+            if await request.is_disconnected():
+                return answer
+            await _woken(request, bell, min(left, FALLBACK_S))
+            instance_id, answer = await run_in_threadpool(_pending)
+
+
+async def _woken(request: Request, bell: Listener, timeout: float) -> None:
+    """Until the instance's bell rings, a run or stream is announced (signals.runs), or
+    timeout."""
+    waits = [
+        asyncio.ensure_future(bell.wait(timeout)),
+        asyncio.ensure_future(request.app.state.signals.runs.wait(timeout)),
+    ]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
 
 
 @router.post("/runs/{run_id}/started", status_code=204)

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from gpulease.core.errors import Conflict
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Gpu, Instance, Run
+from gpulease.server.runner_doorbell import ring_after_commit
 from gpulease.server.services import metering
 from gpulease.server.services.billing import plans
 
@@ -82,6 +83,8 @@ def switch_status(
         metering.open_segment(session, instance, now)
     elif new == STOPPING:
         instance.stop_requested_at = now
+    if new in (RUNNING, STOPPING):  # its runner's long poll lists the runs, or the stop
+        ring_after_commit(session, instance.id)
     if new in (STOPPED, FAILED, RELEASED) and old in HOLDS_GPUS:
         metering.close_segment(session, instance, at or now)
         instance.runner_token_hash = None
