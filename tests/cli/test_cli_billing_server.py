@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 from wired_cli import Cli
 
 from gpulease.cli.main import app
 from gpulease.schemas.instances import InstanceCreate
+from gpulease.server import runner_socket
 
 
 def test_balance_and_usage(cli: Cli) -> None:
@@ -59,9 +59,14 @@ def test_admin_grant_and_users(cli: Cli) -> None:
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, Any]]:
-    """Keep `gpulease server` from serving: record what it would hand uvicorn."""
+    """Keep `gpulease server` from serving: record what it would hand uvicorn (through
+    server.runner_socket.serve, which also listens on the runners' socket)."""
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
+
+    def serve(app: Any, settings: Any, **options: Any) -> None:
+        calls.append({"host": settings.host, "port": settings.port, **options})
+
+    monkeypatch.setattr(runner_socket, "serve", serve)
     for name in ("ADMIN_PASSWORD", "DATABASE_URL", "HOST", "PORT", "ENVIRONMENT"):
         monkeypatch.delenv(f"GPULEASE_{name}", raising=False)
     monkeypatch.setenv("GPULEASE_HOME", str(tmp_path / "home"))
