@@ -59,11 +59,7 @@ class Result:
     first_starts: dict[int, float] = field(default_factory=dict)  # job id -> first start
 
     def figures(self) -> dict[str, float | int | str]:
-        return {
-            k: getattr(self, k)
-            for k in self.__slots__
-            if k not in ("samples", "first_starts")
-        }
+        return {k: getattr(self, k) for k in self.__slots__ if k not in ("samples", "first_starts")}
 
 
 class _Learner:
