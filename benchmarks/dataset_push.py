@@ -3,8 +3,10 @@
 Reports files/s and MB/s of `gpulease dataset push` beside, in the same run and on the same
 tree, `tar cf - DIR | cat > /dev/null` (reading every file; GNU tar skips the reads when its
 archive is /dev/null itself, hence the pipe) and `rsync -a DIR DEST` (what renters use
-today), then the time of pushing the unchanged tree again. The page cache is warm for all of
-them (the tree was just written). SQLite, local blob store, the CLI as a renter runs it.
+today), then the time of pushing the unchanged tree again: the client's push index
+(client/push_index.py) vouches for every file, so that push reads and hashes none of them.
+The page cache is warm for all of them (the tree was just written). SQLite, local blob
+store, the CLI as a renter runs it (its cache, and so the index, in the run's own directory).
 
     .venv/bin/python benchmarks/dataset_push.py [-n 100000] [--size 10240]
 """
@@ -90,7 +92,10 @@ def main() -> None:
             simulated="T4:1",
             log_path=root / "server.log",
             config=root / "cli.json",
-            extra_env={"GPULEASE_UNSANDBOXED_SINGLE_USER": "true"},
+            extra_env={
+                "GPULEASE_UNSANDBOXED_SINGLE_USER": "true",
+                "XDG_CACHE_HOME": str(root / "cache"),
+            },
         )
         platform.start()
         try:
@@ -109,7 +114,8 @@ def main() -> None:
                 report = json.loads(result.stdout)
                 pushes.append(report)
                 note = (
-                    f"sent {report['sent_bytes'] / 1e6:,.1f} MB in {report['sent_chunks']:,} chunks"
+                    f"sent {report['sent_bytes'] / 1e6:,.1f} MB in {report['sent_chunks']:,} "
+                    f"chunks; {report['index_hits']:,} files from the index"
                 )
                 rows.append((label, wall, note))
         finally:

@@ -18,6 +18,12 @@ from ray_support import ray_cluster  # noqa: F401  (one Ray cluster per session)
 PG_ADMIN_URL = os.environ.get("GPULEASE_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Caches (the dataset push index) go under the test's own directory, never ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
 def _pg_available() -> bool:
     try:
         engine = create_engine(PG_ADMIN_URL)

@@ -114,6 +114,7 @@ def push(
                 "bytes": result.size,
                 "sent_chunks": result.sent_chunks,
                 "sent_bytes": result.sent_bytes,
+                "index_hits": result.index_hits,
                 "seconds": round(result.seconds, 3),
             }
         )

@@ -3,11 +3,13 @@
 Built for 100,000 small files: the file list goes in parts of a few thousand files, each
 answered with the chunks the server does not have yet; those go many per request (chunk
 packs), on a few threads while the next part is being hashed. Run it again after an
-interruption and only what is missing is sent.
+interruption and only what is missing is sent. A local index (client/push_index.py) keeps
+what each file hashed to, so an unchanged file is neither read nor hashed again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import time
@@ -19,6 +21,7 @@ from typing import Protocol
 
 from gpulease.client.base import Resource, path_part
 from gpulease.client.errors import ClientError
+from gpulease.client.push_index import FileStat, PushIndex, index_path
 from gpulease.core.datasets import check_dataset_name, path_problem
 from gpulease.core.errors import InvalidInput
 from gpulease.schemas.datasets import (
@@ -34,7 +37,14 @@ from gpulease.schemas.datasets import (
     DatasetUploadCreate,
     DatasetUploadPublic,
 )
-from gpulease.storage.chunking import ChunkRef, chunk_digests, file_chunks, pack, read_chunk
+from gpulease.storage.chunking import (
+    CHUNK_SIZE,
+    ChunkRef,
+    chunk_digests,
+    file_chunks,
+    pack,
+    read_chunk,
+)
 
 PART_FILES = 2000
 PACK_BYTES = 8 * 1024 * 1024
@@ -54,6 +64,7 @@ class LocalFile:
     path: str  # inside the dataset: relative, '/'-separated
     source: Path
     size: int
+    stat: FileStat | None = None  # as scanned: the push index's key
 
 
 def _refuse(root: Path, relative: str, why: str) -> DatasetError:
@@ -100,7 +111,7 @@ def scan_directory(root: Path) -> list[LocalFile]:
                 info = target.stat()
             if not stat.S_ISREG(info.st_mode):
                 raise _refuse(root, relative, "it is not a regular file (a device, pipe or socket)")
-            found.append(LocalFile(relative, source, info.st_size))
+            found.append(LocalFile(relative, source, info.st_size, FileStat.of(info)))
     found.sort(key=lambda f: f.path)
     return found
 
@@ -125,6 +136,7 @@ class PushResult:
     sent_chunks: int
     sent_bytes: int
     seconds: float
+    index_hits: int = 0  # files the push index vouched for: not read, not hashed
 
 
 @dataclass
@@ -132,6 +144,7 @@ class _Part:
     files: list[LocalFile]
     chunks: list[list[ChunkRef]]
     kept: dict[str, bytes] = field(default_factory=dict)
+    indexed: list[bool] = field(default_factory=list)  # chunks from the index, not hashed
 
 
 def _hash_file(local: LocalFile) -> tuple[list[ChunkRef], bytes | None]:
@@ -149,12 +162,44 @@ def _hash_file(local: LocalFile) -> tuple[list[ChunkRef], bytes | None]:
     return refs, kept
 
 
-def _hash_part(files: list[LocalFile], readers: ThreadPoolExecutor) -> _Part:
+def _indexed_chunks(local: LocalFile, hashes: list[str]) -> list[ChunkRef] | None:
+    """The chunk refs the index recorded for local, or None when they cannot be its."""
+    if len(hashes) != -(-local.size // CHUNK_SIZE):
+        return None
+    last = local.size - CHUNK_SIZE * (len(hashes) - 1)
+    return [
+        ChunkRef(sha, CHUNK_SIZE if i < len(hashes) - 1 else last) for i, sha in enumerate(hashes)
+    ]
+
+
+def _hash_part(
+    files: list[LocalFile], readers: ThreadPoolExecutor, index: PushIndex | None = None
+) -> _Part:
     part = _Part(files, [])
-    for refs, kept in readers.map(_hash_file, files, chunksize=64):
+    known: dict[int, list[ChunkRef]] = {}
+    if index is not None:
+        for at, local in enumerate(files):
+            hashes = index.lookup(local.path, local.stat) if local.stat else None
+            refs = None if hashes is None else _indexed_chunks(local, hashes)
+            if refs is not None:
+                known[at] = refs
+    unknown = [local for at, local in enumerate(files) if at not in known]
+    hashed = iter(readers.map(_hash_file, unknown, chunksize=64))
+    fresh: list[tuple[str, FileStat, list[str]]] = []
+    for at, local in enumerate(files):
+        if at in known:
+            part.chunks.append(known[at])
+            part.indexed.append(True)
+            continue
+        refs, kept = next(hashed)
         part.chunks.append(refs)
+        part.indexed.append(False)
         if kept and refs:
             part.kept[refs[0].sha256] = kept
+        if local.stat is not None:
+            fresh.append((local.path, local.stat, [ref.sha256 for ref in refs]))
+    if index is not None:
+        index.record(fresh)
     return part
 
 
@@ -172,8 +217,11 @@ def push_directory(
     part_files: int = PART_FILES,
     pack_bytes: int = PACK_BYTES,
     threads: int = UPLOAD_THREADS,
+    index: PushIndex | None = None,
 ) -> PushResult:
-    """Push root as a new version of dataset `name` and return what happened."""
+    """Push root as a new version of dataset `name` and return what happened. index: what
+    earlier pushes hashed (client/push_index.py); files it vouches for are not hashed, and
+    it learns the files hashed now."""
     try:
         check_dataset_name(name)
     except InvalidInput as exc:
@@ -187,6 +235,7 @@ def push_directory(
     queued: set[str] = set()  # chunks on their way in this push: send each once
     sent = [0, 0]
     in_flight: set[Future[DatasetChunksReceived]] = set()
+    hits = 0
 
     def send(records: list[tuple[str, bytes]]) -> DatasetChunksReceived:
         return datasets.push_chunks(name, push.id, pack(records))
@@ -208,12 +257,13 @@ def push_directory(
     try:
         part_count = 0
         batches = list(_parts(files, part_files))
-        coming = ahead.submit(_hash_part, batches[0], readers) if batches else None
+        coming = ahead.submit(_hash_part, batches[0], readers, index) if batches else None
         for number, batch in enumerate(batches):
             assert coming is not None
             part = coming.result()
             if number + 1 < len(batches):  # hash the next part while this one is sent
-                coming = ahead.submit(_hash_part, batches[number + 1], readers)
+                coming = ahead.submit(_hash_part, batches[number + 1], readers, index)
+            hits += sum(part.indexed)
             entries = [
                 DatasetFileEntry(path=f.path, size=f.size, chunks=[r.sha256 for r in refs])
                 for f, refs in zip(part.files, part.chunks, strict=True)
@@ -225,16 +275,20 @@ def push_directory(
             records: list[tuple[str, bytes]] = []
             records_size = 0
             known = 0
-            for local, refs in zip(part.files, part.chunks, strict=True):
-                for index, ref in enumerate(refs):
+            for local, refs, indexed in zip(part.files, part.chunks, part.indexed, strict=True):
+                for number_in_file, ref in enumerate(refs):
                     if ref.sha256 not in missing:
                         known += ref.size
                         continue
                     missing.discard(ref.sha256)
                     data = part.kept.get(ref.sha256)
                     if data is None:
-                        data = read_chunk(local.source, index)
-                    if len(data) != ref.size:
+                        data = read_chunk(local.source, number_in_file)
+                    if len(data) != ref.size or (
+                        indexed and hashlib.sha256(data).hexdigest() != ref.sha256
+                    ):
+                        if index is not None:
+                            index.forget(local.path)
                         raise DatasetError(
                             f"{local.source} changed while it was being pushed; push again"
                         )
@@ -252,6 +306,8 @@ def push_directory(
         settle(block=True)
         commit = DatasetCommit(parts=part_count, files=len(files), bytes=total)
         dataset = datasets.commit_push(name, push.id, commit)
+        if index is not None:
+            index.prune({f.path for f in files})
     finally:
         ahead.shutdown(wait=True, cancel_futures=True)
         readers.shutdown(wait=True, cancel_futures=True)
@@ -264,6 +320,7 @@ def push_directory(
         sent_chunks=sent[0],
         sent_bytes=sent[1],
         seconds=time.monotonic() - started,
+        index_hits=hits,
     )
 
 
@@ -282,10 +339,26 @@ class DatasetsAPI(Resource):
         return self._api.one(DatasetRemoved, "DELETE", f"/datasets/{path_part(name)}")
 
     def push(
-        self, directory: Path, name: str, *, progress: PushProgress | None = None
+        self,
+        directory: Path,
+        name: str,
+        *,
+        progress: PushProgress | None = None,
+        use_index: bool = True,
     ) -> PushResult:
-        """Push a directory as a new version of dataset `name` (see push_directory)."""
-        return push_directory(self, directory, name, progress=progress)
+        """Push a directory as a new version of dataset `name` (see push_directory), with
+        the push index of this server and dataset unless use_index is False."""
+        if not use_index:
+            return push_directory(self, directory, name, progress=progress)
+        try:
+            check_dataset_name(name)
+        except InvalidInput as exc:
+            raise DatasetError(exc.message) from None
+        index = PushIndex(index_path(self._api.server_url, name))
+        try:
+            return push_directory(self, directory, name, progress=progress, index=index)
+        finally:
+            index.close()
 
     # The push protocol, step by step.
 

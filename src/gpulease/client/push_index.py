@@ -1,0 +1,159 @@
+"""The local push index: what each file of a pushed directory hashed to, by its stat.
+
+Like git's index and restic's cache: a file whose (size, mtime, ctime, inode, device) are
+those recorded is taken to hold the recorded chunks, so pushing an unchanged tree again
+reads and hashes nothing. It is only a cache: the server still says which chunks it lacks,
+and those are read again and checked against their hash before they are sent; a missing,
+unreadable or corrupt index just means every file is hashed.
+
+One SQLite file per server and dataset, under `$XDG_CACHE_HOME/gpulease/push-index/`
+(`~/.cache` without it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# A file modified this soon before it was hashed may change again within the same timestamp
+# tick (the racy-git problem): its entry is not trusted until it is hashed again later.
+RACY_NS = 2_000_000_000
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    path TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    inode INTEGER NOT NULL,
+    device INTEGER NOT NULL,
+    hashed_ns INTEGER NOT NULL,
+    chunks TEXT NOT NULL
+)
+"""
+
+
+@dataclass(frozen=True)
+class FileStat:
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+    device: int
+
+    @classmethod
+    def of(cls, info: os.stat_result) -> FileStat:
+        return cls(info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
+
+
+def cache_home() -> Path:
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+
+
+def index_path(server_url: str, dataset: str) -> Path:
+    """Where the index of dataset on server_url lives."""
+    server = re.sub(r"[^A-Za-z0-9.-]+", "_", server_url.split("://", 1)[-1]).strip("_")
+    return cache_home() / "gpulease" / "push-index" / (server or "server") / f"{dataset}.sqlite"
+
+
+class PushIndex:
+    """Thread-safe. lookup() answers from memory (loaded at open); record() and prune()
+    write through, so an interrupted push keeps what it hashed."""
+
+    def __init__(self, path: Path, *, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self.path = path
+        self._clock = clock_ns
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[FileStat, int, list[str]]] = {}
+        self._db: sqlite3.Connection | None = None
+        try:
+            self._db = self._open()
+        except (sqlite3.Error, OSError, ValueError) as exc:
+            log.warning("push index %s unusable (%s); starting it afresh", path, exc)
+            self._entries.clear()
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            try:
+                self._db = self._open()
+            except (sqlite3.Error, OSError) as again:
+                log.warning("push index %s cannot be written (%s); hashing all", path, again)
+                self._db = None
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            db.execute(_SCHEMA)
+            for path, size, mtime, ctime, inode, device, hashed, chunks in db.execute(
+                "SELECT path, size, mtime_ns, ctime_ns, inode, device, hashed_ns, chunks FROM files"
+            ):
+                stat = FileStat(size, mtime, ctime, inode, device)
+                self._entries[path] = (stat, hashed, chunks.split(",") if chunks else [])
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def lookup(self, path: str, stat: FileStat) -> list[str] | None:
+        """The chunk hashes path held when it had stat, or None (hash it)."""
+        entry = self._entries.get(path)
+        if entry is None:
+            return None
+        recorded, hashed_ns, chunks = entry
+        if recorded != stat or max(stat.mtime_ns, stat.ctime_ns) > hashed_ns - RACY_NS:
+            return None
+        return chunks
+
+    def record(self, rows: Iterable[tuple[str, FileStat, list[str]]]) -> None:
+        """Remember that each path, with its stat, was just hashed to these chunks."""
+        now = self._clock()
+        fresh = [(path, stat, now, list(chunks)) for path, stat, chunks in rows]
+        with self._lock:
+            for path, stat, hashed, chunks in fresh:
+                self._entries[path] = (stat, hashed, chunks)
+            self._write(
+                "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (p, s.size, s.mtime_ns, s.ctime_ns, s.inode, s.device, h, ",".join(c))
+                    for p, s, h, c in fresh
+                ],
+            )
+
+    def forget(self, path: str) -> None:
+        with self._lock:
+            self._entries.pop(path, None)
+            self._write("DELETE FROM files WHERE path = ?", [(path,)])
+
+    def prune(self, keep: set[str]) -> None:
+        """Forget every path not in keep (files gone from the tree)."""
+        with self._lock:
+            gone = [path for path in self._entries if path not in keep]
+            for path in gone:
+                del self._entries[path]
+            self._write("DELETE FROM files WHERE path = ?", [(path,) for path in gone])
+
+    def _write(self, sql: str, rows: list[tuple[object, ...]]) -> None:
+        if self._db is None or not rows:
+            return
+        try:
+            with self._db:  # one transaction
+                self._db.execute("BEGIN")
+                self._db.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            log.warning("push index %s not updated (%s); it is only a cache", self.path, exc)

@@ -1,0 +1,174 @@
+"""The local push index: an unchanged tree is pushed again without reading a file."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from datasets_support import random_tree, sdk, write_tree
+from factories import Caller
+from gpulease.client import GpuleaseClient
+from gpulease.client import datasets as client_datasets
+from gpulease.client.datasets import PushResult, push_directory
+from gpulease.client.push_index import PushIndex, index_path
+from gpulease.schemas.datasets import DatasetFilesPart
+from gpulease.storage.chunking import CHUNK_SIZE
+
+OLD_NS = 1_600_000_000 * 10**9  # the files' mtime: long before any push
+
+
+def later_clock() -> int:
+    """Hashing happens well after the files last changed (no entry is racily clean)."""
+    return time.time_ns() + 60 * 10**9
+
+
+class Reads:
+    """Counts the files the push hashes and the chunks it reads again to send."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.hashed: list[str] = []
+        self.chunks_read = 0
+        hash_file, read_chunk = client_datasets._hash_file, client_datasets.read_chunk
+
+        def counted_hash(local: client_datasets.LocalFile):  # type: ignore[no-untyped-def]
+            self.hashed.append(local.path)
+            return hash_file(local)
+
+        def counted_read(path: Path, number: int) -> bytes:
+            self.chunks_read += 1
+            return read_chunk(path, number)
+
+        monkeypatch.setattr(client_datasets, "_hash_file", counted_hash)
+        monkeypatch.setattr(client_datasets, "read_chunk", counted_read)
+
+
+def manifests(client: GpuleaseClient, monkeypatch: pytest.MonkeyPatch) -> list[list[object]]:
+    """The file lists pushes send (what each version is made of), one list per push."""
+    sent: list[list[object]] = []
+    push_files = client.datasets.push_files
+
+    def spy(name: str, push_id: int, part: int, body: DatasetFilesPart):  # type: ignore[no-untyped-def]
+        if part == 0:
+            sent.append([])
+        sent[-1].extend((f.path, f.size, f.chunks) for f in body.files)
+        return push_files(name, push_id, part, body)
+
+    monkeypatch.setattr(client.datasets, "push_files", spy)
+    return sent
+
+
+def age(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.utime(path, ns=(OLD_NS, OLD_NS))
+
+
+def push(client: GpuleaseClient, tree: Path, name: str, index: PushIndex) -> PushResult:
+    return push_directory(client.datasets, tree, name, index=index, part_files=40)
+
+
+def test_an_unchanged_tree_is_pushed_again_without_reading_a_file(
+    ann: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = sdk(ann)
+    random_tree(tmp_path / "imgs", 120, 3000)
+    big = bytes(range(256)) * (CHUNK_SIZE // 256) + b"tail"  # two chunks
+    write_tree(tmp_path / "imgs", {"big.bin": big, "empty": b""})
+    age(tmp_path / "imgs")
+    sent = manifests(client, monkeypatch)
+    index = PushIndex(tmp_path / "index.sqlite", clock_ns=later_clock)
+    first = push(client, tmp_path / "imgs", "imgs", index)
+    assert first.index_hits == 0
+
+    reads = Reads(monkeypatch)
+    again = push(client, tmp_path / "imgs", "imgs", index)
+    assert reads.hashed == [] and reads.chunks_read == 0
+    assert again.index_hits == again.files == 122 and again.sent_bytes == 0
+    assert sent[0] == sent[1]  # the same version manifest
+    versions = client.datasets.get("imgs").versions
+    assert [(v.number, v.file_count, v.chunk_count) for v in versions] == [
+        (2, 122, versions[1].chunk_count),
+        (1, 122, versions[1].chunk_count),
+    ]
+
+    # an index opened afresh (the next CLI run) knows the same
+    index.close()
+    reopened = PushIndex(tmp_path / "index.sqlite", clock_ns=later_clock)
+    assert push(client, tmp_path / "imgs", "imgs", reopened).index_hits == 122
+    assert reads.hashed == []
+
+
+def test_a_file_changed_in_place_with_the_same_size_is_hashed_again(
+    ann: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = sdk(ann)
+    tree = write_tree(tmp_path / "t", {"a.txt": b"alpha", "b.txt": b"bravo"})
+    age(tree)
+    index = PushIndex(tmp_path / "index.sqlite", clock_ns=later_clock)
+    push(client, tree, "t", index)
+    (tree / "a.txt").write_bytes(b"ALPHA")  # same size, new mtime
+    reads = Reads(monkeypatch)
+    changed = push(client, tree, "t", index)
+    assert reads.hashed == ["a.txt"]
+    assert changed.index_hits == 1 and changed.sent_bytes == 5
+
+
+def test_a_file_modified_just_before_it_was_hashed_is_not_trusted(
+    ann: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = sdk(ann)
+    tree = write_tree(tmp_path / "t", {"a.txt": b"alpha"})  # mtime: now
+    index = PushIndex(tmp_path / "index.sqlite")  # the real clock: hashed within a second
+    push(client, tree, "t", index)
+    reads = Reads(monkeypatch)
+    assert push(client, tree, "t", index).index_hits == 0
+    assert reads.hashed == ["a.txt"]
+
+
+def test_chunks_the_server_lacks_are_read_again_and_sent(
+    ann: Caller, bob: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = random_tree(tmp_path / "imgs", 30, 2000)
+    age(tmp_path / "imgs")
+    index = PushIndex(tmp_path / "index.sqlite", clock_ns=later_clock)
+    push(sdk(ann), tmp_path / "imgs", "imgs", index)
+    reads = Reads(monkeypatch)
+    # bob's storage holds none of ann's chunks: the index spares the hashing, not the sending
+    theirs = push(sdk(bob), tmp_path / "imgs", "imgs", index)
+    assert theirs.index_hits == 30 and reads.hashed == []
+    assert theirs.sent_bytes == sum(len(d) for d in files.values())
+    assert reads.chunks_read == 30
+
+
+def test_a_corrupt_index_means_a_full_hash(
+    ann: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = sdk(ann)
+    tree = write_tree(tmp_path / "t", {"a.txt": b"alpha", "b.txt": b"bravo"})
+    age(tree)
+    broken = tmp_path / "index.sqlite"
+    broken.write_bytes(b"this is not a database" * 100)
+    reads = Reads(monkeypatch)
+    first = push(client, tree, "t", PushIndex(broken, clock_ns=later_clock))
+    assert first.index_hits == 0 and sorted(reads.hashed) == ["a.txt", "b.txt"]
+    second = push(client, tree, "t", PushIndex(broken, clock_ns=later_clock))
+    assert second.index_hits == 2  # it was started afresh
+
+
+def test_the_sdk_keeps_its_index_under_xdg_cache_home(
+    ann: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    client = sdk(ann)
+    tree = write_tree(tmp_path / "t", {"a.txt": b"alpha", "gone.txt": b"x"})
+    client.datasets.push(tree, "cats")
+    where = index_path("http://testserver", "cats")
+    assert where == tmp_path / "cache" / "gpulease" / "push-index" / "testserver" / "cats.sqlite"
+    (tree / "gone.txt").unlink()
+    client.datasets.push(tree, "cats")
+    remembered = PushIndex(where)
+    assert set(remembered._entries) == {"a.txt"}  # files gone from the tree are forgotten
+    remembered.close()
