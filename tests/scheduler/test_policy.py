@@ -203,3 +203,17 @@ def test_srtf_preempts_the_longer_remaining_job() -> None:
 def test_an_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown policy 'lottery'"):
         schedule(state({1: 8}, []), 0, Config("lottery"))
+
+
+def test_gpus_come_back_on_a_model_with_none_free_now() -> None:
+    """An instance holding every T4 ends in the forward simulation: its GPUs rejoin the map,
+    and the T4 request waiting for them gets an ETA at that end."""
+    t4 = "T4"
+    free = FreeMap({A: {1: 1}})
+    holder = Running(9, "bob", t4, 1, (2,), start=0.0, expected_end=100.0)
+    waiting = Request(1, "ann", t4, 1, arrival=1.0)
+    s = ClusterState(free, RunningSet([holder]), [waiting], {}, [1, 2])
+    decisions = schedule(s, 10.0, Config("default"))
+    assert not decisions.starts
+    free.give(t4, (2,), 1)
+    assert free.total(t4) == 1 and free.largest(t4) == 1

@@ -89,10 +89,13 @@ class FreeMap:
         self._move(model, node_ids, count)
 
     def _move(self, model: str, node_ids: Iterable[int], delta: int) -> None:
-        free = self._free[model]
-        buckets = self._buckets[model]
+        # GPUs may come back on a node or of a model that has none free now (an instance that
+        # holds all of them, a node that is gone): they join the map then.
+        free = self._free.setdefault(model, {})
+        buckets = self._buckets.setdefault(model, [set()])
+        self._total.setdefault(model, 0)
         for node_id in node_ids:
-            old = free[node_id]
+            old = free.get(node_id, 0)
             new = old + delta
             if new < 0:
                 raise ValueError(f"node {node_id} has {old} free {model}, not {-delta}")
