@@ -23,13 +23,16 @@ def tree_kib(path: Path) -> int:
     A workspace is its jobs' to change while it is measured: the tree is walked through
     directory descriptors (os.fwalk), so a directory swapped for a link is not entered."""
     total = 0
-    for _, dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
-        for name in dirs + files:
-            try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except OSError:
-                continue
-            total += st.st_blocks * 512
+    try:
+        for _, dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
+            for name in dirs + files:
+                try:
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                total += st.st_blocks * 512
+    except (FileNotFoundError, NotADirectoryError):
+        return 0  # no workspace here (not made yet, released, or on another node): nothing
     return -(-total // 1024)
 
 
