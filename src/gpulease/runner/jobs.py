@@ -231,7 +231,6 @@ class RunProcess:
         log.info("run %d exited with %d", self.run_id, code)
         self.batcher.close()
 
-
     def _explain_oom(self) -> None:
         """A run whose process the kernel killed for memory ends with a line that says
         so, and the limit, rather than with a bare SIGKILL."""
