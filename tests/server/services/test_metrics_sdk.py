@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from factories import Caller, RunnerDouble
-from gpulease.cli import metrics as metrics_cli
+from gpulease.cli import connection
 from gpulease.cli.main import app
 from gpulease.client import ApiError, EndEvent, GpuleaseClient, LogEvent, StatusEvent
 from gpulease.client.runstream import MetricEvent
@@ -73,8 +73,11 @@ def test_the_metrics_command_prints_latest_values(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _, run_id = _finished_run(ann, tick, runner_for)
-    client = GpuleaseClient("http://testserver", ann.token, http=ann.http)
-    monkeypatch.setattr(metrics_cli, "logged_in_client", lambda: client)
+    monkeypatch.setattr(
+        connection,
+        "logged_in_client",
+        lambda: GpuleaseClient("http://testserver", ann.token, http=ann.http),
+    )
     runner = CliRunner()
     table = runner.invoke(app, ["metrics", str(run_id)])
     assert table.exit_code == 0, table.output
