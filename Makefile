@@ -47,6 +47,9 @@ bench: setup-dev
 	$(BIN)/python benchmarks/billing_tick.py
 	$(BIN)/python benchmarks/metrics_ingest.py
 	$(BIN)/python benchmarks/terminal_ready.py
+	$(BIN)/python benchmarks/stop_latency.py
+	$(BIN)/python benchmarks/scheduler_tick.py
+	$(BIN)/python benchmarks/ray_launch_latency.py
 
 clean:
 	rm -rf $(VENV) .cache test-artifacts .pytest_cache .mypy_cache .ruff_cache
