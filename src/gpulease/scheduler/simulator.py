@@ -126,6 +126,24 @@ def simulate(
     last = arrivals[0].submit if arrivals else 0.0
     preemptions = 0
     trace: list[Sample] = []
+
+    def request_for(j: Job, attained: float = 0.0) -> Request:
+        """The queue entry of trace job j, on arrival or queued again after a preemption."""
+        count, n = _shape(j.gpus, gpus_per_node)
+        duration = j.duration if oracle else learner.estimate(j.user)
+        return Request(
+            j.id,
+            j.user,
+            MODEL,
+            count,
+            n,
+            j.submit,
+            j.plan,
+            j.team,
+            duration=duration,
+            attained=attained,
+        )
+
     while i < len(arrivals) or completions:
         now = min(
             arrivals[i].submit if i < len(arrivals) else math.inf,
@@ -146,18 +164,7 @@ def simulate(
         new: list[int] = []
         while i < len(arrivals) and arrivals[i].submit <= now:
             j = arrivals[i]
-            count, n = _shape(j.gpus, gpus_per_node)
-            queue[j.id] = Request(
-                j.id,
-                j.user,
-                MODEL,
-                count,
-                n,
-                j.submit,
-                j.plan,
-                j.team,
-                duration=j.duration if oracle else learner.estimate(j.user),
-            )
+            queue[j.id] = request_for(j)
             new.append(j.id)
             i += 1
         if not queue:
@@ -173,19 +180,7 @@ def simulate(
             epoch[rid] = epoch.get(rid, 0) + 1
             preemptions += 1
             j = by_id[rid]
-            count, n = _shape(j.gpus, gpus_per_node)
-            queue[rid] = Request(
-                rid,
-                j.user,
-                MODEL,
-                count,
-                n,
-                j.submit,
-                j.plan,
-                j.team,
-                duration=j.duration if oracle else learner.estimate(j.user),
-                attained=served[rid] * j.gpus,
-            )
+            queue[rid] = request_for(j, attained=served[rid] * j.gpus)
         for start in decisions.starts:
             req = queue.pop(start.request_id)
             j = by_id[req.id]
