@@ -135,16 +135,7 @@ def open_file(
         raise
     finally:
         os.close(parent)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnsafePath(f"{relative} is not a regular file; refused")
-        if single_link and info.st_nlink > 1:
-            raise UnsafePath(f"{relative} has {info.st_nlink} hard links; refused")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _checked(fd, relative, single_link, "is not a regular file")
 
 
 @contextlib.contextmanager
@@ -313,15 +304,27 @@ def open_entry(entry: Entry, *, single_link: bool = False) -> int:
         if exc.errno == errno.ELOOP:
             raise UnsafePath(f"{entry.relative} became a symbolic link; refused") from exc
         raise
+    listed = (entry.stat.st_dev, entry.stat.st_ino)
+    return _checked(fd, entry.relative, single_link, "changed while it was read", listed)
+
+
+def _checked(
+    fd: int,
+    relative: object,
+    single_link: bool,
+    refusal: str,
+    same_as: tuple[int, int] | None = None,
+) -> int:
+    """fd when it is a regular file (the one at same_as = (st_dev, st_ino), if given) with a
+    single link where single_link asks for it; else fd is closed and UnsafePath says why."""
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != (
-            entry.stat.st_dev,
-            entry.stat.st_ino,
+        if not stat.S_ISREG(info.st_mode) or (
+            same_as is not None and (info.st_dev, info.st_ino) != same_as
         ):
-            raise UnsafePath(f"{entry.relative} changed while it was read; refused")
+            raise UnsafePath(f"{relative} {refusal}; refused")
         if single_link and info.st_nlink > 1:
-            raise UnsafePath(f"{entry.relative} has {info.st_nlink} hard links; refused")
+            raise UnsafePath(f"{relative} has {info.st_nlink} hard links; refused")
     except BaseException:
         os.close(fd)
         raise
