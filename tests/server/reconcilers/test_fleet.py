@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from factories import Caller, make_running_instance, make_settings
@@ -16,8 +19,16 @@ from gpulease.core.catalog import Catalog
 from gpulease.core.errors import Unavailable
 from gpulease.gpus.discovery import DiscoveredGpu, Inventory
 from gpulease.server.db import transaction
-from gpulease.server.orm import Instance, Node, UsageSegment
+from gpulease.server.orm import (
+    Instance,
+    LedgerEntry,
+    LedgerTransaction,
+    Node,
+    UsageSegment,
+    User,
+)
 from gpulease.server.runtime import Runtime, build_runtime
+from gpulease.server.services import ledger, metering
 from gpulease.server.settings import Settings
 
 
@@ -70,6 +81,12 @@ def rt(settings: Settings, backend: FakeFleet) -> Iterator[Runtime]:
     runtime = build_runtime(settings, backend)
     yield runtime
     runtime.engine.dispose()
+
+
+def owner_id(session: Session, caller: Caller) -> int:
+    user_id = session.scalar(select(User.id).where(User.name == caller.name))
+    assert user_id is not None
+    return user_id
 
 
 def free_total(caller: Caller, model: str) -> tuple[int, int]:
@@ -134,6 +151,13 @@ def test_an_instance_on_a_node_that_leaves_fails_with_the_reason(
         assert instance is not None and instance.status == "running"
         last_heartbeat = instance.last_heartbeat_at
 
+    with transaction(rt.sessions) as session:  # the meter billed on past the heartbeat
+        segment = metering.open_segment_of(session, instance_id)
+        assert segment is not None and last_heartbeat is not None
+        metering.charge_open_segments(session, last_heartbeat + timedelta(seconds=95))
+        assert segment.billed_seconds > (last_heartbeat - segment.started_at).total_seconds()
+        balance_billed_past = ledger.balance(session, owner_id(session, ann))
+
     backend.fleet = [fleet_node("gpu-a", alive=False)]  # the node died
     tick()
     got = ann.get(f"/api/v1/instances/{instance_id}").json()
@@ -149,6 +173,23 @@ def test_an_instance_on_a_node_that_leaves_fails_with_the_reason(
             select(UsageSegment.ended_at).where(UsageSegment.instance_id == instance_id)
         ).all()
         assert ends == [last_heartbeat]  # billed up to the last heartbeat, not the tick
+        (segment,) = session.scalars(
+            select(UsageSegment).where(UsageSegment.instance_id == instance_id)
+        ).all()
+        held = math.floor((last_heartbeat - segment.started_at).total_seconds())
+        assert segment.billed_seconds == held
+        assert segment.charged_micro == metering.segment_price(segment, held)
+        charged = -session.scalar(
+            select(func.sum(LedgerEntry.amount))
+            .join(LedgerTransaction)
+            .where(
+                LedgerTransaction.instance_id == instance_id,
+                LedgerEntry.account_id == ledger.wallet_account(session, segment.owner_id, None),
+            )
+        )
+        assert charged == segment.charged_micro  # what was billed past the end came back
+        refund = ledger.balance(session, segment.owner_id) - balance_billed_past
+        assert refund == metering.segment_price(segment, 95 + held) - segment.charged_micro > 0
 
 
 def test_a_cluster_that_does_not_answer_marks_nothing_gone(

@@ -11,18 +11,19 @@ replay after commit finds the key and posts nothing.
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime
-from typing import cast
+from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from gpulease.core.money import cost_for_seconds
 from gpulease.core.pricing import price_seconds
 from gpulease.server.db import utcnow
-from gpulease.server.orm import Instance, LedgerEntry, LedgerTransaction, UsageSegment
+from gpulease.server.orm import Instance, UsageSegment, UTCDateTime
 from gpulease.server.services import ledger
 from gpulease.server.services.billing import offpeak, plans
 
@@ -57,7 +58,8 @@ def open_segment_of(session: Session, instance_id: int) -> UsageSegment | None:
     )
 
 
-def _memo(segment: UsageSegment, start: int, end: int) -> str:
+def _memo(segment: Any, start: int, end: int) -> str:
+    """A usage charge's memo; segment: a UsageSegment or a row with its columns."""
     return (
         f"{segment.gpu_model} × {segment.gpu_count} {segment.plan}, "
         f"segment {segment.id}, seconds {start}–{end}"
@@ -73,16 +75,7 @@ def charge_segment(session: Session, segment: UsageSegment, upto: datetime) -> i
     while seconds > segment.billed_seconds:
         due = segment_price(segment, seconds)
         amount = due - segment.charged_micro
-        result = session.execute(
-            update(UsageSegment)
-            .where(
-                UsageSegment.id == segment.id,
-                UsageSegment.billed_seconds == segment.billed_seconds,
-            )
-            .values(billed_seconds=seconds, charged_micro=due)
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount != 1:  # type: ignore[attr-defined]
+        if not _move_billed(session, segment, seconds, due):
             session.refresh(segment)  # another replica billed it meanwhile: bill the rest
             continue
         if amount > 0:
@@ -94,6 +87,7 @@ def charge_segment(session: Session, segment: UsageSegment, upto: datetime) -> i
                 key=f"usage:{segment.id}:{seconds}",
                 memo=_memo(segment, segment.billed_seconds, seconds),
                 team_id=segment.team_id,
+                at=upto,
             )
         set_committed_value(segment, "billed_seconds", seconds)
         set_committed_value(segment, "charged_micro", due)
@@ -101,12 +95,31 @@ def charge_segment(session: Session, segment: UsageSegment, upto: datetime) -> i
     return charged_now
 
 
+def _move_billed(session: Session, segment: UsageSegment, seconds: int, due: int) -> bool:
+    """Set the segment's billed seconds and charge, guarded by the billed seconds it was read
+    with; False when another replica moved them meanwhile."""
+    result = session.execute(
+        update(UsageSegment)
+        .where(
+            UsageSegment.id == segment.id,
+            UsageSegment.billed_seconds == segment.billed_seconds,
+        )
+        .values(billed_seconds=seconds, charged_micro=due)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
 def segment_price(segment: UsageSegment, seconds: int) -> int:
     """What the first `seconds` seconds of a segment cost, exactly."""
-    windows = offpeak.from_snapshot(segment.offpeak or {})
+    return _price(segment.started_at, segment.hourly_micro, segment.offpeak or {}, seconds)
+
+
+def _price(started_at: datetime, hourly_micro: int, snapshot: dict[str, Any], seconds: int) -> int:
+    windows = offpeak.from_snapshot(snapshot)
     if not windows:
-        return cost_for_seconds(segment.hourly_micro, seconds)
-    return price_seconds(segment.started_at, seconds, segment.hourly_micro, windows)
+        return cost_for_seconds(hourly_micro, seconds)
+    return price_seconds(started_at, seconds, hourly_micro, windows)
 
 
 def close_segment(session: Session, instance: Instance, at: datetime) -> None:
@@ -115,7 +128,41 @@ def close_segment(session: Session, instance: Instance, at: datetime) -> None:
         return
     at = max(at, segment.started_at)
     charge_segment(session, segment, at)
+    refund_past(session, segment, at)
     segment.ended_at = at
+
+
+def refund_past(session: Session, segment: UsageSegment, end: datetime) -> int:
+    """Give back what the meter billed past `end`: it bills open segments up to now, and a
+    segment may end earlier than the tick that closes it (at a dead runner's last
+    heartbeat). Leaves the segment charged exactly its whole seconds up to `end`; returns
+    the amount given back."""
+    seconds = max(0, math.floor((end - segment.started_at).total_seconds()))
+    refunded = 0
+    while seconds < segment.billed_seconds:
+        due = segment_price(segment, seconds)
+        amount = segment.charged_micro - due
+        if not _move_billed(session, segment, seconds, due):
+            session.refresh(segment)  # another replica billed it meanwhile
+            continue
+        if amount > 0:
+            ledger.post(
+                session,
+                kind="usage",
+                key=f"usage-refund:{segment.id}:{segment.billed_seconds}:{seconds}",
+                legs=[
+                    (ledger.account_id(session, ledger.REVENUE), -amount),
+                    (ledger.wallet_account(session, segment.owner_id, segment.team_id), amount),
+                ],
+                memo=f"refund of {_memo(segment, seconds, segment.billed_seconds)}, "
+                "billed past its end",
+                user_id=segment.owner_id,
+                instance_id=segment.instance_id,
+            )
+        set_committed_value(segment, "billed_seconds", seconds)
+        set_committed_value(segment, "charged_micro", due)
+        refunded += amount
+    return refunded
 
 
 def charge_open_segments(
@@ -127,76 +174,112 @@ def charge_open_segments(
     makes one ledger transaction per step rather than one per second; closing a segment
     always bills it to the second. The segments are locked for the tick (skipping rows
     another replica holds), so the bill computed from them is the one written.
+
+    The prices are computed here (core.pricing); the writes are three set-based statements
+    over the bills passed as one JSON parameter (transactions, their two legs each, the
+    segments' new billed_seconds), so that the database, not a Python loop per row, does
+    the per-segment work.
     """
     now = now or utcnow()
-    segments = session.scalars(
-        select(UsageSegment)
+    open_segments = session.execute(
+        select(
+            UsageSegment.id,
+            UsageSegment.instance_id,
+            UsageSegment.owner_id,
+            UsageSegment.team_id,
+            UsageSegment.gpu_model,
+            UsageSegment.gpu_count,
+            UsageSegment.plan,
+            UsageSegment.hourly_micro,
+            UsageSegment.offpeak,
+            UsageSegment.started_at,
+            UsageSegment.billed_seconds,
+            UsageSegment.charged_micro,
+        )
         .where(UsageSegment.ended_at.is_(None))
         .order_by(UsageSegment.id)
         .with_for_update(skip_locked=True)
     ).all()
-    bills: list[tuple[UsageSegment, int, int]] = []
-    for segment in segments:
-        elapsed = (now - segment.started_at).total_seconds()
+    bills: list[tuple[Any, int, int]] = []  # (segment row, seconds, due)
+    for seg in open_segments:
+        elapsed = (now - seg.started_at).total_seconds()
         seconds = max(0, math.floor(elapsed))
-        if seconds <= segment.billed_seconds or elapsed - segment.billed_seconds < min_step_s:
+        if seconds <= seg.billed_seconds or elapsed - seg.billed_seconds < min_step_s:
             continue
-        bills.append((segment, seconds, segment_price(segment, seconds)))
+        bills.append(
+            (seg, seconds, _price(seg.started_at, seg.hourly_micro, seg.offpeak or {}, seconds))
+        )
     if not bills:
         return set()
     revenue = ledger.account_id(session, ledger.REVENUE)
-    wallets = {
-        (owner, team): ledger.wallet_account(session, owner, team)
-        for owner, team in {(s.owner_id, s.team_id) for s, _, _ in bills}
-    }
-    charged = [
-        (s, sec, due, due - s.charged_micro) for s, sec, due in bills if due > s.charged_micro
+    wallets = ledger.wallet_accounts(session, {(s.owner_id, s.team_id) for s, _, _ in bills})
+    rows = [
+        [
+            s.id,
+            sec,
+            due,
+            due - s.charged_micro,
+            f"usage:{s.id}:{sec}",
+            _memo(s, s.billed_seconds, sec),
+            s.owner_id,
+            s.instance_id,
+            wallets[(s.owner_id, s.team_id)],
+        ]
+        for s, sec, due in bills
     ]
-    if charged:
-        txn_ids = session.scalars(
-            insert(LedgerTransaction).returning(LedgerTransaction.id, sort_by_parameter_order=True),
-            [
-                {
-                    "kind": "usage",
-                    "idempotency_key": f"usage:{s.id}:{sec}",
-                    "memo": _memo(s, s.billed_seconds, sec),
-                    "user_id": s.owner_id,
-                    "instance_id": s.instance_id,
-                    "created_at": now,
-                }
-                for s, sec, _, _ in charged
-            ],
-        ).all()
-        entries = []
-        for txn_id, (s, _, _, amount) in zip(txn_ids, charged, strict=True):
-            entries.append(
-                {
-                    "transaction_id": txn_id,
-                    "account_id": wallets[(s.owner_id, s.team_id)],
-                    "amount": -amount,
-                    "created_at": now,
-                }
-            )
-            entries.append(
-                {
-                    "transaction_id": txn_id,
-                    "account_id": revenue,
-                    "amount": amount,
-                    "created_at": now,
-                }
-            )
-        session.execute(insert(LedgerEntry), entries)
-    table = cast(Table, UsageSegment.__table__)
-    session.connection().execute(
-        update(table)
-        .where(table.c.id == bindparam("segment_id"))
-        .values(billed_seconds=bindparam("seconds"), charged_micro=bindparam("due")),
-        [{"segment_id": s.id, "seconds": sec, "due": due} for s, sec, due in bills],
+    dialect = session.get_bind().dialect.name
+    source = _BILLS_PG if dialect == "postgresql" else _BILLS_SQLITE
+    params = {"bills": json.dumps(rows, ensure_ascii=False), "now": now, "revenue": revenue}
+    for template in _TICK_STATEMENTS:
+        statement = template.format(bills=source)
+        sql = text(statement)
+        if ":now" in statement:
+            sql = sql.bindparams(bindparam("now", type_=UTCDateTime()))
+        session.execute(sql, {k: v for k, v in params.items() if f":{k}" in statement})
+    billed = {s.id: (sec, due) for s, sec, due in bills}
+    for held in list(session.identity_map.values()):  # ORM copies the caller holds
+        if isinstance(held, UsageSegment) and held.id in billed:
+            set_committed_value(held, "billed_seconds", billed[held.id][0])
+            set_committed_value(held, "charged_micro", billed[held.id][1])
+    return {s.owner_id for s, sec, due in bills if due > s.charged_micro}
+
+
+# The bills as rows (segment_id, seconds, due, amount, key, memo, owner_id, instance_id,
+# wallet) from one JSON array of arrays.
+_BILL_COLUMNS = (
+    ("segment_id", "bigint"),
+    ("seconds", "bigint"),
+    ("due", "bigint"),
+    ("amount", "bigint"),
+    ("key", "text"),
+    ("memo", "text"),
+    ("owner_id", "bigint"),
+    ("instance_id", "bigint"),
+    ("wallet", "bigint"),
+)
+_BILLS_SQLITE = "(SELECT {} FROM json_each(:bills))".format(
+    ", ".join(
+        f"json_extract(value, '$[{i}]') AS {name}" for i, (name, _) in enumerate(_BILL_COLUMNS)
     )
-    for segment, seconds, due in bills:
-        set_committed_value(segment, "billed_seconds", seconds)
-        set_committed_value(segment, "charged_micro", due)
-    return {s.owner_id for s, _, _, _ in charged}
+)
+_BILLS_PG = "(SELECT {} FROM jsonb_array_elements(CAST(:bills AS jsonb)) AS e)".format(
+    ", ".join(f"CAST(e->>{i} AS {kind}) AS {name}" for i, (name, kind) in enumerate(_BILL_COLUMNS))
+)
+_TICK_STATEMENTS = (
+    "INSERT INTO ledger_transactions "
+    "(kind, idempotency_key, memo, user_id, instance_id, created_at) "
+    "SELECT 'usage', b.key, b.memo, b.owner_id, b.instance_id, :now FROM {bills} AS b "
+    "WHERE b.amount > 0 ORDER BY b.segment_id",
+    # each transaction's two legs: the wallet pays, revenue earns
+    "INSERT INTO ledger_entries (transaction_id, account_id, amount, created_at) "
+    "SELECT t.id, CASE WHEN leg.n = 0 THEN b.wallet ELSE :revenue END, "
+    "CASE WHEN leg.n = 0 THEN -b.amount ELSE b.amount END, :now "
+    "FROM {bills} AS b JOIN ledger_transactions AS t ON t.idempotency_key = b.key "
+    "CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1) AS leg "
+    "WHERE b.amount > 0 ORDER BY t.id, leg.n",
+    "UPDATE usage_segments SET billed_seconds = b.seconds, charged_micro = b.due "
+    "FROM {bills} AS b WHERE usage_segments.id = b.segment_id",
+)
 
 
 def list_segments(session: Session, owner_id: int, limit: int = 200) -> list[UsageSegment]:
