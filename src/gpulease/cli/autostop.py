@@ -31,6 +31,12 @@ from gpulease.schemas.autostop import (
 from gpulease.schemas.instances import InstancePublic, ResizeRequest
 
 RefArgument = Annotated[str, typer.Argument(metavar="REF", help="instance id or name")]
+IdleMinutesOption = Annotated[
+    int | None, typer.Option("--idle-minutes", help="stop it after this many idle minutes")
+]
+MaxRuntimeOption = Annotated[
+    int | None, typer.Option("--max-runtime", help="stop it after running this many minutes")
+]
 
 schedule_app = typer.Typer(
     help="Start and stop an instance on a timetable (cron, in your time zone).",
@@ -68,12 +74,8 @@ def autostop(
         float | None,
         typer.Option("--idle-util", help="GPU utilisation % under which it is idle (default 5)"),
     ] = None,
-    idle_minutes: Annotated[
-        int | None, typer.Option("--idle-minutes", help="stop after this many idle minutes")
-    ] = None,
-    max_runtime: Annotated[
-        int | None, typer.Option("--max-runtime", help="stop after running this many minutes")
-    ] = None,
+    idle_minutes: IdleMinutesOption = None,
+    max_runtime: MaxRuntimeOption = None,
     after_run: Annotated[
         int | None, typer.Option("--after-run", help="stop when this run ends")
     ] = None,

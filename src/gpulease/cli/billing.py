@@ -10,13 +10,11 @@ from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
-    add_row,
     console,
     emit,
     emit_rows,
     show_fields,
-    show_table,
-    table,
+    show_rows,
     when,
 )
 from gpulease.core.money import format_credits
@@ -46,12 +44,10 @@ def usage(output: OutputOption = OutputFormat.table) -> None:
 
 
 def _show_usage(found: Usage) -> None:
-    segments = table(
-        "INSTANCE", "GPU", "RATE/H", "STARTED", "ENDED", "BILLED", "CHARGED", title="usage"
-    )
-    for s in found.segments:
-        add_row(
-            segments,
+    show_rows(
+        found.segments,
+        ("INSTANCE", "GPU", "RATE/H", "STARTED", "ENDED", "BILLED", "CHARGED"),
+        lambda s: (
             s.instance_id,
             f"{s.gpu_model}:{s.gpu_count}" if s.gpu_count else s.gpu_model,
             format_credits(s.hourly_micro, ""),
@@ -59,12 +55,17 @@ def _show_usage(found: Usage) -> None:
             when(s.ended_at) if s.ended_at else "running",
             _duration(s.billed_seconds),
             format_credits(s.charged_micro, ""),
-        )
-    show_table(segments, empty="no GPU usage yet")
-    ledger = table("TIME", "KIND", "AMOUNT", "INSTANCE", "MEMO", title="ledger")
-    for line in found.ledger:
-        add_row(ledger, when(line.created_at), line.kind, line.amount, line.instance_id, line.memo)
-    show_table(ledger, empty="no ledger entries yet")
+        ),
+        empty="no GPU usage yet",
+        title="usage",
+    )
+    show_rows(
+        found.ledger,
+        ("TIME", "KIND", "AMOUNT", "INSTANCE", "MEMO"),
+        lambda line: (when(line.created_at), line.kind, line.amount, line.instance_id, line.memo),
+        empty="no ledger entries yet",
+        title="ledger",
+    )
 
 
 admin_app = typer.Typer(help="Operator commands (admin accounts only).", no_args_is_help=True)

@@ -12,13 +12,11 @@ from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
-    add_row,
     console,
     emit,
     fail,
     print_json,
-    show_table,
-    table,
+    show_rows,
     when,
 )
 from gpulease.schemas.catalog import (
@@ -87,16 +85,17 @@ def gpus(
     headers.append("CPU/RAM PER GPU")
     if template:
         headers.append(f"TEMPLATE {template}")
-    result = table(*headers)
-    for m in models:
+
+    def cells(m: GpuModelPublic) -> list[object]:
         memory = f"{m.memory_gb:g} GB" if m.is_gpu else "-"
-        cells = [m.name, memory, m.ncu_factor, m.hourly, m.hourly_ncu, m.daily]
+        cells: list[object] = [m.name, memory, m.ncu_factor, m.hourly, m.hourly_ncu, m.daily]
         cells.append(availability_text(m))
         cells.append(share_text(m))
         if template:
             cells.append(_availability_cell(fits[m.name]) if m.name in fits else "-")
-        add_row(result, *cells)
-    show_table(result, empty="the catalog is empty")
+        return cells
+
+    show_rows(models, headers, cells, empty="the catalog is empty")
 
 
 templates_app = typer.Typer(
@@ -136,16 +135,22 @@ def templates(ctx: typer.Context, output: OutputOption = OutputFormat.table) -> 
 
 
 def _show_templates(found: list[TemplatePublic]) -> None:
-    result = table("TEMPLATE", "BUILD", "PYTHON", "CUDA", "RUNS ON", "UNAVAILABLE", "DESCRIPTION")
-    for t in found:
-        name = t.name if t.status == "ready" else f"{t.name} ({t.status})"
-        runs_on, unavailable = _runs_on(t)
-        if t.status == "failed":
-            unavailable = t.error or "failed"
-        elif t.status == "pending":
-            runs_on = "- (being saved)"
-        add_row(result, name, t.label, t.python, t.cuda or "-", runs_on, unavailable, t.description)
-    show_table(result, empty="no templates")
+    show_rows(
+        found,
+        ("TEMPLATE", "BUILD", "PYTHON", "CUDA", "RUNS ON", "UNAVAILABLE", "DESCRIPTION"),
+        _template_cells,
+        empty="no templates",
+    )
+
+
+def _template_cells(t: TemplatePublic) -> tuple[object, ...]:
+    name = t.name if t.status == "ready" else f"{t.name} ({t.status})"
+    runs_on, unavailable = _runs_on(t)
+    if t.status == "failed":
+        unavailable = t.error or "failed"
+    elif t.status == "pending":
+        runs_on = "- (being saved)"
+    return (name, t.label, t.python, t.cuda or "-", runs_on, unavailable, t.description)
 
 
 @templates_app.command("save")
@@ -197,22 +202,27 @@ def nodes(output: OutputOption = OutputFormat.table) -> None:
 
 
 def _show_nodes(found: list[NodePublic]) -> None:
-    result = table("NODE", "BACKEND", "STATUS", "GPUS", "IN USE", "DRIVER", "CUDA", "LAST SEEN")
-    for n in found:
-        counts = Counter(g.model or g.nvml_name for g in n.gpus)
-        summary = ", ".join(f"{count}× {model}" for model, count in sorted(counts.items()))
-        if any(g.simulated for g in n.gpus):
-            summary += " (simulated)"
-        in_use = sum(1 for g in n.gpus if g.instance_id is not None)
-        add_row(
-            result,
-            n.name,
-            n.backend,
-            n.status,
-            summary or "no GPUs",
-            f"{in_use}/{len(n.gpus)}",
-            n.driver_version or "-",
-            n.cuda_version or "-",
-            when(n.last_seen_at),
-        )
-    show_table(result, empty="no nodes registered")
+    show_rows(
+        found,
+        ("NODE", "BACKEND", "STATUS", "GPUS", "IN USE", "DRIVER", "CUDA", "LAST SEEN"),
+        _node_cells,
+        empty="no nodes registered",
+    )
+
+
+def _node_cells(n: NodePublic) -> tuple[object, ...]:
+    counts = Counter(g.model or g.nvml_name for g in n.gpus)
+    summary = ", ".join(f"{count}× {model}" for model, count in sorted(counts.items()))
+    if any(g.simulated for g in n.gpus):
+        summary += " (simulated)"
+    in_use = sum(1 for g in n.gpus if g.instance_id is not None)
+    return (
+        n.name,
+        n.backend,
+        n.status,
+        summary or "no GPUs",
+        f"{in_use}/{len(n.gpus)}",
+        n.driver_version or "-",
+        n.cuda_version or "-",
+        when(n.last_seen_at),
+    )

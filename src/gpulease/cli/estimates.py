@@ -11,15 +11,13 @@ from gpulease.cli.connection import fetch
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
-    add_row,
     console,
     emit,
     note,
-    show_table,
-    table,
+    show_rows,
 )
 from gpulease.core.estimates import MODELS
-from gpulease.schemas.estimates import EstimatePublic
+from gpulease.schemas.estimates import EstimatePublic, EstimateRowPublic
 
 
 def wall_time(seconds: int) -> str:
@@ -67,6 +65,12 @@ def estimate(
     )
 
 
+def _gpu_cell(row: EstimateRowPublic) -> str:
+    if row.is_gpu and row.devices > 1:
+        return f"{row.gpu_model} × {row.devices}"
+    return row.gpu_model if row.is_gpu else f"{row.gpu_model} (rough)"
+
+
 def _show_estimate(found: EstimatePublic) -> None:
     title = (
         f"{found.model}: {found.images:,} images × {found.epochs:,} epochs at "
@@ -74,22 +78,21 @@ def _show_estimate(found: EstimatePublic) -> None:
         + ("s" if found.gpus > 1 else "")
         + f" ({found.total_pflops:,.1f} PFLOP)"
     )
-    result = table("GPU", "IMG/S", "GPU-HOURS", "WALL TIME", "NCU", "COST", "BASIS", title=title)
-    for row in found.rows:
-        name = row.gpu_model if row.is_gpu else f"{row.gpu_model} (rough)"
-        if row.is_gpu and row.devices > 1:
-            name = f"{row.gpu_model} × {row.devices}"
-        add_row(
-            result,
-            name,
+    show_rows(
+        found.rows,
+        ("GPU", "IMG/S", "GPU-HOURS", "WALL TIME", "NCU", "COST", "BASIS"),
+        lambda row: (
+            _gpu_cell(row),
             f"{row.images_per_second:,.0f}",
             f"{row.gpu_hours:,.3f}",
             wall_time(row.wall_seconds),
             ncu_text(row.ncu),
             row.cost,
             row.basis,
-        )
-    show_table(result, empty="the catalog has no models to estimate")
+        ),
+        empty="the catalog has no models to estimate",
+        title=title,
+    )
     if found.gpus > 1:
         console().print(
             f"{found.gpus} GPUs at {found.scaling_efficiency:.0%} scaling efficiency",

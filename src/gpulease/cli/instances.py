@@ -8,12 +8,12 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from gpulease.cli.autostop import IdleMinutesOption, MaxRuntimeOption, RefArgument
 from gpulease.cli.catalog import share_text
 from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
-    add_row,
     console,
     emit,
     err_console,
@@ -21,8 +21,7 @@ from gpulease.cli.output import (
     note,
     print_json,
     show_fields,
-    show_table,
-    table,
+    show_rows,
     when,
 )
 from gpulease.client import GpuleaseClient, InstanceRef
@@ -32,7 +31,6 @@ from gpulease.schemas.instances import InstanceCreate, InstancePublic, InstanceS
 POLL_INTERVAL_S = 1.0
 WAITING = frozenset({"queued", "starting"})
 
-RefArgument = Annotated[str, typer.Argument(metavar="REF", help="instance id or name")]
 DatasetOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -124,12 +122,8 @@ def create(
         bool, typer.Option("--auto-renew", help="daily plan: buy the next block at the end")
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="accept the daily plan's rules")] = False,
-    idle_minutes: Annotated[
-        int | None, typer.Option("--idle-minutes", help="stop it after this many idle minutes")
-    ] = None,
-    max_runtime: Annotated[
-        int | None, typer.Option("--max-runtime", help="stop it after running this many minutes")
-    ] = None,
+    idle_minutes: IdleMinutesOption = None,
+    max_runtime: MaxRuntimeOption = None,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Rent an instance. It is queued until its GPUs are free, then starts."""
@@ -175,23 +169,27 @@ def list_(
 
 
 def _show_list(found: list[InstancePublic]) -> None:
-    result = table("ID", "NAME", "STATUS", "GPU", "TEMPLATE", "NODE", "PRICE/H", "CREATED")
-    for i in found:
-        status = i.status
-        if i.status == "queued" and i.queue_position is not None:
-            status += f" (#{i.queue_position})"
-        add_row(
-            result,
+    show_rows(
+        found,
+        ("ID", "NAME", "STATUS", "GPU", "TEMPLATE", "NODE", "PRICE/H", "CREATED"),
+        lambda i: (
             i.id,
             i.name,
-            status,
+            _short_status(i),
             gpu_text(i),
             i.template,
             i.node,
             i.hourly,
             when(i.created_at),
-        )
-    show_table(result, empty="no instances; create one with `gpulease instance create --gpu T4:1`")
+        ),
+        empty="no instances; create one with `gpulease instance create --gpu T4:1`",
+    )
+
+
+def _short_status(instance: InstancePublic) -> str:
+    if instance.status == "queued" and instance.queue_position is not None:
+        return f"{instance.status} (#{instance.queue_position})"
+    return instance.status
 
 
 @instance_app.command("show")

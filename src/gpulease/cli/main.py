@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -54,50 +55,58 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-app.command("server")(server.server)
-app.command("backup")(backup.backup)
-app.command("restore")(backup.restore)
-
-app.command("register")(accounts.register)
-app.command("login")(accounts.login)
-app.command("logout")(accounts.logout)
-app.command("whoami")(accounts.whoami)
-app.add_typer(accounts.token_app, name="token")
-
-app.command("gpus")(catalog.gpus)
-app.add_typer(catalog.templates_app, name="templates")  # the catalog's and your own
-app.command("nodes")(catalog.nodes)
-app.command("doctor")(doctor_commands.doctor)  # driver, CUDA and framework checks
-app.command("simulate")(simulate_commands.simulate)  # replay a trace through the policies
+# Every command under its name: `gpulease NAME` ...
+COMMANDS: dict[str, Callable[..., None]] = {
+    "server": server.server,
+    "backup": backup.backup,
+    "restore": backup.restore,
+    "register": accounts.register,
+    "login": accounts.login,
+    "logout": accounts.logout,
+    "whoami": accounts.whoami,
+    "gpus": catalog.gpus,
+    "nodes": catalog.nodes,
+    "doctor": doctor_commands.doctor,  # driver, CUDA and framework checks
+    "simulate": simulate_commands.simulate,  # replay a trace through the policies
+    "exec": runs.exec_,
+    "run": runs.run,
+    "logs": runs.logs,
+    "runs": runs.runs,
+    "metrics": metric_commands.metrics,
+    "balance": billing.balance,
+    "usage": billing.usage,
+    "plans": wallets.plans,
+    "offpeak": wallets.offpeak,
+    "estimate": estimate_commands.estimate,
+    "statement": statement_commands.statement,
+}
+# ... and `gpulease admin NAME`, beside the ones billing.admin_app declares itself.
+ADMIN_COMMANDS: dict[str, Callable[..., None]] = {
+    "grant-team": wallets.admin_grant_team,
+    "limits": wallets.admin_limits,
+    "offpeak-add": wallets.admin_offpeak_add,
+    "offpeak-rm": wallets.admin_offpeak_rm,
+    "voucher-create": wallets.admin_voucher_create,
+    "vouchers": wallets.admin_voucher_ls,
+    "revenue": statement_commands.revenue,
+    "rotate-master-key": dataset_commands.rotate_master_key,
+}
+GROUPS: dict[str, typer.Typer] = {
+    "token": accounts.token_app,
+    "templates": catalog.templates_app,  # the catalog's and your own
+    "instance": instances.instance_app,
+    "admin": billing.admin_app,
+    "voucher": wallets.voucher_app,
+    "limits": wallets.limits_app,
+    "team": wallets.team_app,
+    "dataset": dataset_commands.dataset_app,
+    "ticket": support_commands.ticket_app,  # support tickets
+}
 
 autostop_commands.register(instances.instance_app)  # instance autostop, schedule, resize
-app.add_typer(instances.instance_app, name="instance")
-app.command("exec")(runs.exec_)
-app.command("run")(runs.run)
-app.command("logs")(runs.logs)
-app.command("runs")(runs.runs)
-app.command("metrics")(metric_commands.metrics)
-
-app.command("balance")(billing.balance)
-app.command("usage")(billing.usage)
-app.add_typer(billing.admin_app, name="admin")
-
-app.command("plans")(wallets.plans)
-app.command("offpeak")(wallets.offpeak)
-app.add_typer(wallets.voucher_app, name="voucher")
-app.add_typer(wallets.limits_app, name="limits")
-app.add_typer(wallets.team_app, name="team")
-billing.admin_app.command("grant-team")(wallets.admin_grant_team)
-billing.admin_app.command("limits")(wallets.admin_limits)
-billing.admin_app.command("offpeak-add")(wallets.admin_offpeak_add)
-billing.admin_app.command("offpeak-rm")(wallets.admin_offpeak_rm)
-billing.admin_app.command("voucher-create")(wallets.admin_voucher_create)
-billing.admin_app.command("vouchers")(wallets.admin_voucher_ls)
-
-app.command("estimate")(estimate_commands.estimate)
-app.command("statement")(statement_commands.statement)
-billing.admin_app.command("revenue")(statement_commands.revenue)
-
-app.add_typer(dataset_commands.dataset_app, name="dataset")
-app.add_typer(support_commands.ticket_app, name="ticket")  # support tickets
-billing.admin_app.command("rotate-master-key")(dataset_commands.rotate_master_key)
+for name, command in COMMANDS.items():
+    app.command(name)(command)
+for name, command in ADMIN_COMMANDS.items():
+    billing.admin_app.command(name)(command)
+for name, group in GROUPS.items():
+    app.add_typer(group, name=name)

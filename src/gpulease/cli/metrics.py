@@ -10,10 +10,8 @@ from gpulease.cli.connection import fetch
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
-    add_row,
     emit,
-    show_table,
-    table,
+    show_rows,
 )
 from gpulease.schemas.metrics import RunMetrics
 
@@ -45,21 +43,18 @@ def metrics(
 
 
 def _show_metrics(found: RunMetrics, run_id: int, key: list[str] | None) -> None:
-    result = table("KEY", "STEP", "LATEST", "MIN", "MAX", "POINTS", title=f"run {run_id}")
-    for s in found.series:
-        if s.raw_count == 0:
-            continue
-        add_row(
-            result,
+    show_rows(
+        [s for s in found.series if s.raw_count],
+        ("KEY", "STEP", "LATEST", "MIN", "MAX", "POINTS"),
+        lambda s: (
             s.key,
             s.last_step,
             _number(s.last_value),
             _number(s.min),
             _number(s.max),
             s.raw_count,
-        )
-    show_table(
-        result,
+        ),
+        title=f"run {run_id}",
         empty=f"run {run_id} has no metrics"
         + (f" named {', '.join(key)}" if key else "")
         + " yet; log some with `from gpulease import track; track.log(step, loss=…)`",

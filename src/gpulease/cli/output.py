@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -16,6 +16,7 @@ from rich.table import Table
 
 D = TypeVar("D", bound=BaseModel | Sequence[BaseModel] | dict[str, Any])
 R = TypeVar("R", bound=BaseModel)
+T = TypeVar("T")
 
 
 class OutputFormat(StrEnum):
@@ -120,11 +121,19 @@ def emit_rows(
 ) -> None:
     """A listing: JSON for scripts, else a table of `cells(row)` per row (`empty` when
     there are none)."""
+    emit(rows, output, lambda found: show_rows(found, columns, cells, empty=empty, title=title))
 
-    def show(found: Sequence[R]) -> None:
-        result = table(*columns, title=title)
-        for row in found:
-            add_row(result, *cells(row))
-        show_table(result, empty=empty)
 
-    emit(rows, output, show)
+def show_rows(
+    rows: Iterable[T],
+    columns: Sequence[str],
+    cells: Callable[[T], Sequence[object]],
+    *,
+    empty: str,
+    title: str | None = None,
+) -> None:
+    """A table of `cells(row)` per row, or the dim `empty` note when there are none."""
+    result = table(*columns, title=title)
+    for row in rows:
+        add_row(result, *cells(row))
+    show_table(result, empty=empty)

@@ -13,21 +13,21 @@ from typing import Annotated
 
 import typer
 
+from gpulease.cli.autostop import RefArgument
 from gpulease.cli.catalog import share_text
 from gpulease.cli.connection import logged_in_client
-from gpulease.cli.instances import DatasetOption, RefArgument, status_text, wait_until_started
+from gpulease.cli.instances import DatasetOption, status_text, wait_until_started
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
-    add_row,
     error,
     fail,
     note,
     print_json,
-    show_table,
-    table,
+    show_rows,
     when,
 )
+from gpulease.cli.retry import MAX_RETRIES, Attempt, with_retries
 from gpulease.client import (
     ClientError,
     EndEvent,
@@ -230,6 +230,15 @@ def run(
     when_cheap: Annotated[
         bool, typer.Option("--when-cheap", help="start only inside an off-peak window")
     ] = False,
+    retry: Annotated[
+        int | None,
+        typer.Option(
+            "--retry",
+            min=0,
+            max=MAX_RETRIES,
+            help="run it again this many times if its instance fails (its node left, say)",
+        ),
+    ] = None,
 ) -> None:
     """Rent an instance for one task: upload the workdir, run, stream the output, release.
 
@@ -246,11 +255,19 @@ def run(
         use_spot=spec.use_spot or spot,
         start_when_cheap=spec.start_when_cheap or when_cheap,
         team=team or spec.team,
+        retries=spec.retries if retry is None else retry,
     )
     archive = pack_workdir(directory) if directory is not None else None  # before renting
     try:
         with logged_in_client() as client:
-            raise typer.Exit(_run_task(client, spec, archive))
+            raise typer.Exit(
+                with_retries(
+                    client,
+                    spec.retries,
+                    lambda: _run_task(client, spec, archive),
+                    lambda instance_id, name: _release(client, instance_id, name),
+                )
+            )
     finally:
         if archive is not None:
             archive.close()
@@ -324,7 +341,9 @@ def pick_accelerators(
     return picked, f"accelerators {wanted}: {picked} ({why}, {price}/h)"
 
 
-def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | None) -> int:
+def _run_task(
+    client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | None
+) -> Attempt:
     if spec.accelerator_choices or spec.cpus or spec.memory_gb:
         models = client.catalog.gpus()
         if spec.accelerator_choices:
@@ -378,8 +397,8 @@ def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | 
     except KeyboardInterrupt:
         note(f"interrupted: releasing instance {instance.name}")
         _release(client, instance.id, instance.name)
-        return EXIT_INTERRUPTED
-    return exit_code_of(client, run.id, end)
+        return Attempt(EXIT_INTERRUPTED, instance.id, instance.name, None)
+    return Attempt(exit_code_of(client, run.id, end), instance.id, instance.name, end)
 
 
 def _explained(client: GpuleaseClient, instance_id: int, exc: ClientError) -> ClientError:
@@ -442,18 +461,22 @@ def runs(
             print_json(found)
             return
         names = {i.id: i.name for i in client.instances.list(include_released=True)}
-    result = table("ID", "INSTANCE", "STATUS", "EXIT", "COMMAND", "CREATED", "FINISHED")
-    for r in found:
-        lines = r.command.strip().splitlines() or [""]
-        command = lines[0][:60] + ("…" if len(lines) > 1 or len(lines[0]) > 60 else "")
-        add_row(
-            result,
+    show_rows(
+        found,
+        ("ID", "INSTANCE", "STATUS", "EXIT", "COMMAND", "CREATED", "FINISHED"),
+        lambda r: (
             r.id,
             names.get(r.instance_id, r.instance_id),
             r.status,
             r.exit_code,
-            command,
+            _command_cell(r.command),
             when(r.created_at),
             when(r.finished_at),
-        )
-    show_table(result, empty="no runs yet")
+        ),
+        empty="no runs yet",
+    )
+
+
+def _command_cell(command: str) -> str:
+    lines = command.strip().splitlines() or [""]
+    return lines[0][:60] + ("…" if len(lines) > 1 or len(lines[0]) > 60 else "")

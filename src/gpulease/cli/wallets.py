@@ -10,13 +10,11 @@ from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
-    add_row,
     console,
     emit,
     emit_rows,
     show_fields,
-    show_table,
-    table,
+    show_rows,
     when,
 )
 from gpulease.core.money import format_cap
@@ -134,10 +132,12 @@ team_app = typer.Typer(help="Teams: a shared wallet and its members.", no_args_i
 
 def _print_team(team: TeamPublic) -> None:
     console().print(f"team {team.name} (owner {team.owner}), balance {team.balance}", markup=False)
-    result = table("MEMBER", "MONTHLY LIMIT", "SPENT THIS MONTH")
-    for m in team.members:
-        add_row(result, m.user, _money(m.monthly_limit_micro), _money(m.month_spend_micro))
-    show_table(result, empty="no members")
+    show_rows(
+        team.members,
+        ("MEMBER", "MONTHLY LIMIT", "SPENT THIS MONTH"),
+        lambda m: (m.user, _money(m.monthly_limit_micro), _money(m.month_spend_micro)),
+        empty="no members",
+    )
 
 
 @team_app.command("create")

@@ -7,7 +7,6 @@ bodies and answers are the wire models of gpulease.schemas. All groups share one
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any, Unpack
 
 from gpulease.client.accounts import AuthAPI, TokensAPI
@@ -16,6 +15,7 @@ from gpulease.client.autostop import AutostopAPI
 from gpulease.client.base import Transport, TransportOptions
 from gpulease.client.billing import BillingAPI, TeamsAPI
 from gpulease.client.catalog import CatalogAPI, TemplatesAPI
+from gpulease.client.closing import Closing
 from gpulease.client.config import TrustedCertificate, resolve_login, trusted_certificate
 from gpulease.client.datasets import DatasetsAPI
 from gpulease.client.errors import NotLoggedIn
@@ -27,7 +27,7 @@ from gpulease.client.statements import StatementsAPI
 from gpulease.client.support import SupportAPI
 
 
-class GpuleaseClient:
+class GpuleaseClient(Closing):
     """One gpulease server, as one user (or anonymously, for register and login).
 
     `options` say how to reach it (see Transport): `http`, a Starlette TestClient to run
@@ -87,14 +87,3 @@ class GpuleaseClient:
 
     def close(self) -> None:
         self.api.close()
-
-    def __enter__(self) -> GpuleaseClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -7,9 +7,9 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
+from gpulease.client.closing import Closing
 from gpulease.client.errors import WorkdirError
 
 SKIP_DIRS = frozenset({".git", "__pycache__", ".venv"})
@@ -19,7 +19,7 @@ _IN_MEMORY_BYTES = 16 * 1024 * 1024
 _CHUNK_BYTES = 1024 * 1024
 
 
-class WorkdirArchive:
+class WorkdirArchive(Closing):
     """A packed workdir: gzip'd tar bytes, in memory while small, in a temporary file after."""
 
     def __init__(self, file: IO[bytes], size: int, files: int) -> None:
@@ -39,17 +39,6 @@ class WorkdirArchive:
 
     def close(self) -> None:
         self.file.close()
-
-    def __enter__(self) -> WorkdirArchive:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
