@@ -16,22 +16,14 @@ from gpulease.cli.output import (
     note,
     show_rows,
 )
+from gpulease.core.durations import span
 from gpulease.core.estimates import MODELS
 from gpulease.schemas.estimates import EstimatePublic, EstimateRowPublic
 
 
 def wall_time(seconds: int) -> str:
-    """'45 s', '20 min', '3 h 12 min', '2 d 4 h'."""
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes = round(seconds / 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
+    """An estimate's wall time, to the minute past the first: '45 s', '20 min', '3 h 12 min'."""
+    return span(seconds if seconds < 60 else round(seconds / 60) * 60)
 
 
 def ncu_text(value: str) -> str:

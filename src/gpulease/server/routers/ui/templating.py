@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from gpulease.core.durations import span as span  # the console filter and dashboard use it
 from gpulease.schemas.accounts import UserPublic
 from gpulease.server.db import utcnow
 
@@ -69,21 +70,6 @@ def ago(moment: datetime | None) -> str:
     if seconds < 86400:
         return f"{seconds // 3600} h ago"
     return f"{seconds // 86400} d ago"
-
-
-def span(seconds: int) -> str:
-    """A length of time for people: '42 s', '5 min 3 s', '2 h 10 min', '3 d 4 h'."""
-    seconds = max(int(seconds), 0)
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, sec = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min {sec} s" if sec else f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def duration(start: datetime | None, end: datetime | None) -> str:
