@@ -7,6 +7,10 @@ each call appends one JSON line there, `{"step": 10, "time": 1700000000.5, "valu
 nothing (no file, no network), unless GPULEASE_TRACK_FILE names a file to append the same
 lines to. A call never raises: a bad key or value (not a number, NaN, infinite) is left
 out with one warning on stderr. See docs/metrics.md.
+
+`preempted()` says whether the instance (a spot one) has been preempted: its runner set the
+notice GPULEASE_PREEMPT_NOTICE_FILE names before sending SIGTERM, and the job has the
+grace period (30 s by default) to save a checkpoint and exit. See docs/scheduler.md.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["log"]
+__all__ = ["log", "preempted"]
 
 METRICS_FILE_VARIABLE = "GPULEASE_METRICS_FILE"  # set by the runner
 LOCAL_FILE_VARIABLE = "GPULEASE_TRACK_FILE"  # optional, outside gpulease
+PREEMPT_NOTICE_VARIABLE = "GPULEASE_PREEMPT_NOTICE_FILE"  # set by the runner
 KEY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$")
 
 _lock = threading.Lock()
@@ -123,3 +128,16 @@ def _log(step: Any, values: dict[str, Any]) -> None:
             _write(path, line)
         except OSError as exc:
             _warn("write", f"metrics cannot be written to {path}: {exc}")
+
+
+def preempted() -> bool:
+    """Whether this instance has been preempted: save a checkpoint now and exit, the instance
+    is queued again and its run restarts there (in the same workspace) when GPUs free up.
+    Cheap enough to call every step; False outside gpulease and before any notice."""
+    path = os.environ.get(PREEMPT_NOTICE_VARIABLE)
+    if not path:
+        return False
+    try:
+        return os.path.isfile(path)
+    except (OSError, ValueError):
+        return False

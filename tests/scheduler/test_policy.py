@@ -84,6 +84,27 @@ def test_spot_never_preempts_on_demand_or_daily_and_youngest_spot_goes_first() -
     )
 
 
+def test_gpus_already_coming_back_are_used_before_preempting_more() -> None:
+    running = [
+        Running(12, "cy", A, 2, (2,), start=5, plan=SPOT),
+        Running(13, "cy", A, 2, (2,), start=9, plan=SPOT, stopping=True),
+    ]
+    s = state({1: 0, 2: 0}, [req(1, count=2)], running)
+    d = schedule(s, 10, Config("default"))
+    # the stopping (already preempted) one makes room: nothing more is preempted
+    assert d.preempt == [] and d.reclaiming == {1: [13]}
+    assert [st.request_id for st in d.starts] == [1]
+    # a second request needs more: the remaining spot instance goes, the stopping one is
+    # not chosen again
+    s = state({1: 0, 2: 0}, [req(1, count=2), req(2, count=2)], running)
+    d = schedule(s, 10, Config("default"))
+    assert d.preempt == [12] and d.reclaiming == {1: [13], 2: [12]}
+    # a stopping on-demand instance's GPUs count too, but it is never "preempted"
+    od = [Running(14, "bob", A, 4, (1,), start=0, stopping=True)]
+    d = schedule(state({1: 0}, [req(1, count=4)], od), 10, Config("default"))
+    assert d.preempt == [] and d.reclaiming == {1: [14]}
+
+
 def test_quotas_cap_concurrency() -> None:
     running = [Running(10, "ann", A, 6, (1,), start=0)]
     s = state(

@@ -21,6 +21,7 @@ from gpulease import doctor
 from gpulease.envs.build import EnvBuildError, ensure_env, env_python
 from gpulease.envs.layer import ensure_layer
 from gpulease.envs.snapshot import TaskRunner
+from gpulease.runner import preempt
 from gpulease.runner.cgroups import instance_cgroup
 from gpulease.runner.connection import Aborted, Connection, ServerGone, Unreachable
 from gpulease.runner.datasets import DatasetError, links_dir, materialise
@@ -100,6 +101,8 @@ class Agent:
         self._poll_wait = poll_wait_s
         self._stopping = threading.Event()
         self._finished = threading.Event()
+        # Set when the stop is a preemption: the jobs get the notice and this long after it.
+        self._preempt_grace: float | None = None
         self._lock = threading.Lock()
         self._accepting = True
         self._runs: dict[int, _Run] = {}
@@ -127,6 +130,13 @@ class Agent:
             log.info("stopping: %s", reason)
             self._stopping.set()
 
+    def _stop_asked(self, preempt_grace_s: float | None) -> None:
+        """The server asked to stop (heartbeat or long poll); with a grace, as a preemption."""
+        if preempt_grace_s is not None and not self._stopping.is_set():
+            self._preempt_grace = preempt_grace_s
+            self.request_stop(f"preempted: the jobs get {preempt_grace_s:.0f} s to checkpoint")
+        self.request_stop("the server asked to stop")
+
     def serve(self) -> int:
         try:
             return self._serve()
@@ -139,6 +149,7 @@ class Agent:
             self.connection.close()
 
     def _serve(self) -> int:
+        preempt.clear_notice(self.spec.run_dir)  # a start after a preemption is a fresh one
         try:
             # First of all: the spec's launch secret is replaced by a token only this
             # process holds (runner/connection.py).
@@ -295,10 +306,9 @@ class Agent:
                     except Aborted:
                         pass
                 unreachable = False
-                if response.status_code == 200 and _answer(response, RunnerAction) == RunnerAction(
-                    action="stop"
-                ):
-                    self.request_stop("the server asked to stop")
+                action = _answer(response, RunnerAction) if response.status_code == 200 else None
+                if action is not None and action.action == "stop":
+                    self._stop_asked(action.preempt_grace_s)
             self._finished.wait(self.spec.heartbeat_interval_s)
 
     def _running_ids(self) -> list[int]:
@@ -320,7 +330,7 @@ class Agent:
                 return
             commands = _answer(response, RunnerCommands) if response.status_code == 200 else None
             if commands is not None and commands.stop:
-                self.request_stop("the server asked to stop")
+                self._stop_asked(commands.preempt_grace_s)
                 return
             if commands is not None:
                 for run in commands.runs:
@@ -358,6 +368,7 @@ class Agent:
             env, jail, metrics = prepare_run(
                 self.spec.run_dir, self.spec.workspace, run_id, env, jail
             )
+            env = preempt.job_environment(env, self.spec.run_dir, sandboxed=jail is not None)
             process = RunProcess(
                 run_id,
                 command,
@@ -517,7 +528,12 @@ class Agent:
             self._accepting = False
             runs = list(self._runs.values())
         self._close_streams()
-        stop_runs([run.process for run in runs], self._stop_grace)
+        grace = self._stop_grace
+        if self._preempt_grace is not None:
+            # the notice first: a job that checks preempted() on SIGTERM finds it
+            preempt.write_notice(self.spec.run_dir, self._preempt_grace, time.time())
+            grace = self._preempt_grace
+        stop_runs([run.process for run in runs], grace)
         if self._sandbox is not None:
             self._sandbox.close()  # the instance's network goes with its last process
         return runs

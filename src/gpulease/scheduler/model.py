@@ -57,6 +57,9 @@ class Running:
     priority: int = 0
     duration: float | None = None  # the oracle's knowledge (srtf); None elsewhere
     attained: float = 0.0  # GPU-seconds before this start (preempted and resumed)
+    # Already told to stop (preempted, or stopped by its owner): its GPUs come back soon, so
+    # it is never chosen again and a blocked request counts on them before preempting more.
+    stopping: bool = False
 
     @property
     def gpus(self) -> int:
@@ -148,6 +151,9 @@ class Waiting:
 class Decisions:
     starts: list[Start] = field(default_factory=list)
     preempt: list[int] = field(default_factory=list)  # running ids to stop (spot, or las/srtf)
+    # A start that takes GPUs from running instances (preempted now, or already stopping):
+    # request id -> those running ids. It can begin only once they have given them back.
+    reclaiming: dict[int, list[int]] = field(default_factory=dict)
     waiting: dict[int, Waiting] = field(default_factory=dict)
 
 

@@ -352,9 +352,13 @@ def _preempt(
     else:
         pool = list(running)
         key = lambda r: -_remaining(r, now)  # noqa: E731
+    pool = [r for r in pool if not r.stopping]
+    pool.sort(key=key)
+    # GPUs already on their way back are counted first: a request they make room for
+    # preempts nothing more (the server waits out a grace period before GPUs come back).
+    pool = [*sorted((r for r in running if r.stopping), key=lambda r: r.start), *pool]
     if not pool:
         return
-    pool.sort(key=key)
     gone: set[int] = set()
     tries: dict[str, int] = defaultdict(int)
     for req in order:
@@ -369,7 +373,9 @@ def _preempt(
         chosen: list[Running] = []
         nodes = None
         for r in pool:
-            if r.id in gone or r.model != req.model or not _lower(r, req, now, config):
+            if r.id in gone or r.model != req.model:
+                continue
+            if not r.stopping and not _lower(r, req, now, config):
                 continue
             trial.give(r.model, r.node_ids, r.count)
             chosen.append(r)
@@ -383,7 +389,9 @@ def _preempt(
         for r in victims:
             gone.add(r.id)
             free.give(r.model, r.node_ids, r.count)
-            decisions.preempt.append(r.id)
+            if not r.stopping:
+                decisions.preempt.append(r.id)
+        decisions.reclaiming[req.id] = [r.id for r in victims]
         free.take(req.model, nodes, req.count)
         result.starts.append((req, nodes))
         started.add(req.id)

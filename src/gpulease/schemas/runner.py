@@ -102,6 +102,9 @@ class RunnerHeartbeat(BaseModel):
 
 class RunnerAction(BaseModel):
     action: str
+    # With "stop": the instance was preempted; the runner writes its jobs' notice, sends
+    # SIGTERM and gives them this many seconds to checkpoint (runner/preempt.py).
+    preempt_grace_s: float | None = Field(default=None, ge=0, le=3600)
 
 
 class RunnerRun(BaseModel):
@@ -136,6 +139,8 @@ class RunnerCommands(BaseModel):
     # The instance is stopping: stop every run, call /stopped and exit (as a heartbeat's
     # "stop"); the long poll answers at once with it.
     stop: bool = False
+    # With stop: a preemption, as RunnerAction's preempt_grace_s.
+    preempt_grace_s: float | None = Field(default=None, ge=0, le=3600)
 
 
 class RunnerStarted(BaseModel):

@@ -31,6 +31,7 @@ from gpulease.server.routers.api import estimates as estimates_api
 from gpulease.server.routers.api import metrics as metrics_api
 from gpulease.server.routers.api import notification_settings as notification_settings_api
 from gpulease.server.routers.api import plans as plans_api
+from gpulease.server.routers.api import quotas as quotas_api
 from gpulease.server.routers.api import statements as statements_api
 from gpulease.server.routers.api import support as support_api
 from gpulease.server.routers.api import teams as teams_api
@@ -109,7 +110,7 @@ def create_app(
     for module in (auth, catalog, instances, runs, billing, admin):
         app.include_router(module.router, prefix="/api/v1")
     # estimates, statements, plans and caps, teams
-    for module in (estimates_api, statements_api, plans_api, teams_api):
+    for module in (estimates_api, statements_api, plans_api, teams_api, quotas_api):
         app.include_router(module.router, prefix="/api/v1")
     app.include_router(datasets_api.router, prefix="/api/v1")
     app.include_router(datasets_api.runner_router)

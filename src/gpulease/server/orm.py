@@ -70,6 +70,8 @@ class User(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     # IANA zone name; the user's schedules (services/instances/schedules) fire in it.
     timezone: Mapped[str] = mapped_column(String(64), default="UTC", server_default="UTC")
+    # Most GPUs the user's instances may hold at once (services/quotas.py); None: no cap.
+    max_gpus: Mapped[int | None] = mapped_column(Integer)
 
 
 class ApiToken(Base):
@@ -210,6 +212,8 @@ class Instance(Base):
     runner_launched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     stop_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # When the scheduler preempted it (spot): it stops after a grace and is queued again.
+    preempted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
@@ -290,6 +294,8 @@ class Team(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Most GPUs the team's instances may hold at once (services/quotas.py); None: no cap.
+    max_gpus: Mapped[int | None] = mapped_column(Integer)
 
 
 class TeamMember(Base):

@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     # A runner silent for this long whose process is gone marks its instance failed.
     heartbeat_timeout_s: float = 15.0
     stop_grace_s: float = 20.0
+    # A preempted spot instance's job gets this long after SIGTERM to checkpoint
+    # (runner/preempt.py) before it is killed and its GPUs go to the request that needs them.
+    preempt_grace_s: float = Field(default=30.0, ge=0, le=3600)
     # Running instances are charged every this many seconds (and to the second when they
     # stop); a balance may lag that much behind the meter.
     billing_step_s: int = 30

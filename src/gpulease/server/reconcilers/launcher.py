@@ -162,10 +162,14 @@ def finish_stops(rt: Runtime) -> None:
     now = utcnow()
     with transaction(rt.sessions) as session:
         rows = [
-            (i.id, i.runner_handle, i.runner_launched_at, i.stop_requested_at)
+            (i.id, i.runner_handle, i.runner_launched_at, i.stop_requested_at, i.preempted_at)
             for i in session.scalars(select(Instance).where(Instance.status == STOPPING))
         ]
-    for instance_id, handle, launched_at, requested_at in rows:
+    for instance_id, handle, launched_at, requested_at, preempted_at in rows:
+        if preempted_at is not None:  # its job's checkpoint grace comes first
+            requested_at = requested_at and requested_at + timedelta(
+                seconds=rt.settings.preempt_grace_s
+            )
         reason = None
         if handle is None:
             if launched_at is None or now - launched_at > grace:

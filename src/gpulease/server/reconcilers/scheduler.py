@@ -1,14 +1,18 @@
 """Place queued instances on free GPUs with the scheduling policy (gpulease.scheduler).
 
-Before the FIFO pass: a daily-plan instance whose paid block still reserves its GPUs starts
-on them at once, and instances that asked to start only when cheap wait outside the queue
-until an off-peak window opens. A daily instance buys its block when it is placed. Every
-request left waiting gets the policy's reason and estimated start in its status message.
+Before the policy's pass: preempted spot instances that have stopped are queued again, a
+daily-plan instance whose paid block still reserves its GPUs starts on them at once, and
+instances that asked to start only when cheap wait outside the queue until an off-peak
+window opens. A daily instance buys its block when it is placed. The spot instances the
+policy preempts stop with notice and grace (services/preemption.py); the request they make
+room for starts once they have given their GPUs back. Every request left waiting gets the
+policy's reason and estimated start in its status message.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select, update
@@ -23,21 +27,29 @@ from gpulease.scheduler.policy import schedule
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance, Node, UsageSegment
 from gpulease.server.runtime import Runtime
-from gpulease.server.services import ledger, notifications, templates
+from gpulease.server.services import ledger, notifications, preemption, quotas, templates
 from gpulease.server.services.billing import offpeak, plans
 from gpulease.server.services.instances.lifecycle import current_queue
-from gpulease.server.services.instances.states import QUEUED, STARTING, STOPPED, switch_status
+from gpulease.server.services.instances.states import (
+    QUEUED,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    switch_status,
+)
 
 WAITING_FOR_CHEAP = "waiting for an off-peak window (start when cheap)"
-# Priority classes, fair share, EASY backfill and quotas. Spot preemption waits for the
-# launcher to stop a spot instance with notice and grace; until then spot is not preempted.
-SERVER_POLICY = Config(policy="default", spot_preemption=False)
+# Priority classes, fair share, EASY backfill, quotas and spot preemption; the quotas are
+# the admins' (services/quotas.py), read every tick (server_config).
+SERVER_POLICY = Config(policy="default")
 
 
 def tick(rt: Runtime) -> int:
     """One scheduling pass. Returns how many instances were placed."""
     placed = 0
+    grace = rt.settings.preempt_grace_s
     with transaction(rt.sessions) as session:
+        preemption.requeue_stopped(session)
         placed += _start_reserved(session)
         queue = _eligible(session, current_queue(session))
         # only nodes whose driver runs each instance's template (services/templates)
@@ -49,12 +61,19 @@ def tick(rt: Runtime) -> int:
         if not queue:
             return placed
         now = utcnow()
-        state, free_ids = cluster_state(session, queue, now)
-        decisions = schedule(state, now.timestamp(), SERVER_POLICY)
+        state, free_ids = cluster_state(session, queue, now, grace)
+        decisions = schedule(state, now.timestamp(), server_config(session))
+        for victim_id in decisions.preempt:
+            victim = session.get(Instance, victim_id)
+            if victim is not None:
+                preemption.preempt(session, victim, now, grace)
         wanted = {r.instance_id: r for r in queue}
         for start in decisions.starts:
             req = wanted[start.request_id]
             ids = free_ids.get((start.node_ids[0], req.model), [])
+            if start.request_id in decisions.reclaiming or len(ids) < req.count:
+                _await_reclaim(session, start.request_id, decisions.reclaiming, grace)
+                continue
             placement = Placement(req.instance_id, start.node_ids[0], tuple(ids[: req.count]))
             del ids[: req.count]
             instance = session.get(Instance, placement.instance_id)
@@ -90,12 +109,19 @@ def tick(rt: Runtime) -> int:
     return placed
 
 
+def server_config(session: Session) -> Config:
+    """The server's policy with the admins' quotas of now."""
+    caps = quotas.current(session)
+    return replace(SERVER_POLICY, user_quota=caps.users, team_quota=caps.teams)
+
+
 def cluster_state(
-    session: Session, queue: list[Request], now: datetime
+    session: Session, queue: list[Request], now: datetime, grace_s: float = 0.0
 ) -> tuple[ClusterState, dict[tuple[int, str], list[int]]]:
-    """What the policy sees: free GPUs on ready nodes, instances holding GPUs, the queue,
-    and each owner's recent GPU-seconds; plus the free GPU ids per (node, model), lowest
-    index first, to hand out when a request starts there."""
+    """What the policy sees: free GPUs on ready nodes, instances holding GPUs (a stopping
+    one gives them back within `grace_s` of its stop), the queue, and each owner's recent
+    GPU-seconds; plus the free GPU ids per (node, model), lowest index first, to hand out
+    when a request starts there."""
     free = FreeMap()
     free_ids: dict[tuple[int, str], list[int]] = defaultdict(list)
     for gpu in session.scalars(
@@ -124,6 +150,11 @@ def cluster_state(
         for gpu in gpus:
             per_node[gpu.node_id] += 1
         start = (instance.started_at or instance.created_at).timestamp()
+        stopping = instance.status == STOPPING
+        end = _expected_end(instance, start)
+        if stopping:
+            asked = (instance.stop_requested_at or now).timestamp()
+            end = asked + grace_s if end is None else min(end, asked + grace_s)
         running.add(
             Running(
                 instance.id,
@@ -132,9 +163,10 @@ def cluster_state(
                 max(per_node.values()),
                 tuple(sorted(per_node)),
                 start,
-                expected_end=_expected_end(instance, start),
+                expected_end=end,
                 plan=instance.plan,
                 team=None if instance.team_id is None else str(instance.team_id),
+                stopping=stopping,
             )
         )
     rows = {
@@ -200,6 +232,23 @@ def _explain(session: Session, waiting: dict[int, Waiting], now: datetime) -> No
         message = f"{w.reason}; {when}"[:500]
         if instance.status_message != message:
             instance.status_message = message
+
+
+def _await_reclaim(
+    session: Session, instance_id: int, reclaiming: dict[int, list[int]], grace_s: float
+) -> None:
+    """A request the policy starts on GPUs that instances still hold (preempted, or
+    stopping): it stays queued, saying so, and starts on a later tick once they are back."""
+    instance = session.get(Instance, instance_id)
+    if instance is None or instance.status != QUEUED:
+        return
+    n = len(reclaiming.get(instance_id, ())) or 1
+    message = (
+        f"next to start: waiting for {n} instance{'s' if n != 1 else ''} to give back "
+        f"their GPUs (a preempted spot instance gets {grace_s:.0f} s to checkpoint)"
+    )
+    if instance.status_message != message:
+        instance.status_message = message
 
 
 def _eligible(session: Session, queue: list[Request]) -> list[Request]:

@@ -25,9 +25,9 @@ from gpulease.schemas.runner import (
     RunnerStreamEntry,
     RunnerTask,
 )
-from gpulease.server.routers.deps import runner_token, tx
+from gpulease.server.routers.deps import runner_token, runtime, tx
 from gpulease.server.runner_doorbell import FALLBACK_S, Listener, doorbell
-from gpulease.server.services import runners, runs, templates
+from gpulease.server.services import preemption, runners, runs, templates
 from gpulease.server.services.streams import hub_of
 
 router = APIRouter(prefix=RUNNER_API, tags=["runner"])
@@ -64,7 +64,9 @@ def ready(body: RunnerReady, request: Request) -> Response:
 def heartbeat(body: RunnerHeartbeat, request: Request) -> RunnerAction:
     with tx(request) as session:
         instance = runners.instance_for_token(session, runner_token(request))
-        return RunnerAction(action=runners.heartbeat(session, instance))
+        action = runners.heartbeat(session, instance)
+        grace = preemption.notice_grace(instance, runtime(request).settings.preempt_grace_s)
+        return RunnerAction(action=action, preempt_grace_s=grace if action == "stop" else None)
 
 
 @router.get("/commands")
@@ -88,7 +90,10 @@ async def commands(request: Request, wait: float = 20.0) -> RunnerCommands:
                 for r in runners.pending_runs(session, instance)
             ]
             stop = runners.stop_wanted(instance)
-            return instance.id, RunnerCommands(runs=found, tasks=tasks, stop=stop)
+            grace = preemption.notice_grace(instance, runtime(request).settings.preempt_grace_s)
+            return instance.id, RunnerCommands(
+                runs=found, tasks=tasks, stop=stop, preempt_grace_s=grace if stop else None
+            )
 
     hub = hub_of(request.app.state)  # terminal and Jupyter streams (services/streams.py)
     instance_id, answer = await run_in_threadpool(_pending)

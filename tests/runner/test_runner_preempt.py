@@ -1,0 +1,104 @@
+"""A preempted runner: the job finds the notice (gpulease.track.preempted()) on its SIGTERM
+and gets the grace to checkpoint; an ordinary stop posts no notice and gives the usual
+grace only."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from gpulease import track
+from gpulease.backends.base import RunnerSpec
+from gpulease.core.templates import get_template
+from gpulease.runner import preempt
+from gpulease.runner.agent import Agent
+from gpulease.runner.sandbox import SDK_ROOT
+from gpulease.schemas.runner import RunnerRun
+
+# On SIGTERM: write whether the notice is there, take 1.5 s to "checkpoint", exit 0.
+JOB = """
+import signal, sys, time
+from pathlib import Path
+from gpulease import track
+def on_term(signum, frame):
+    Path("checkpoint.txt").write_text(f"preempted={track.preempted()}")
+    time.sleep(1.5)
+    Path("checkpoint.txt").write_text(f"preempted={track.preempted()} saved")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+Path("started.txt").write_text(str(track.preempted()))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _agent(tmp_path: Path) -> Agent:
+    (tmp_path / "job.py").write_text(JOB)
+    spec = RunnerSpec(
+        instance_id=7,
+        server_url="http://127.0.0.1:1",
+        token="launch-secret",
+        workspace=tmp_path,
+        run_dir=tmp_path / "run",
+        env_cache=tmp_path / "envs",
+        template=get_template("python"),
+    )
+    server = httpx.MockTransport(lambda request: httpx.Response(204))
+    return Agent(spec, transport=server, stop_grace_s=0.5, leftover_grace_s=0.2)
+
+
+def _run_until_started(agent: Agent, tmp_path: Path) -> None:
+    agent._start_run(RunnerRun(id=1, command=f"{sys.executable} job.py"))
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "started.txt").exists():
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.05)
+    assert (tmp_path / "started.txt").read_text() == "False"  # no notice before one is sent
+
+
+def test_a_preempted_job_sees_the_notice_and_gets_the_grace(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    _run_until_started(agent, tmp_path)
+    agent._stop_asked(5.0)
+    started = time.monotonic()
+    (run,) = agent._stop_all()
+    took = time.monotonic() - started
+    # the checkpoint took longer than an ordinary stop's grace and was not cut short
+    assert (tmp_path / "checkpoint.txt").read_text() == "preempted=True saved"
+    assert run.process.exit_code == 0 and 1.4 < took < 5.0
+    notice = json.loads(preempt.notice_file(tmp_path / "run").read_text())
+    assert notice["grace_s"] == 5.0 and notice["deadline"] > time.time()
+    # a runner starting again clears the notice
+    preempt.clear_notice(tmp_path / "run")
+    assert not preempt.notice_file(tmp_path / "run").exists()
+
+
+def test_an_ordinary_stop_posts_no_notice_and_keeps_its_grace(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    _run_until_started(agent, tmp_path)
+    agent._stop_asked(None)
+    (run,) = agent._stop_all()
+    assert (tmp_path / "checkpoint.txt").read_text() == "preempted=False"
+    assert run.process.exit_code == -9  # killed after the 0.5 s stop grace
+    assert not preempt.notice_file(tmp_path / "run").exists()
+
+
+def test_the_notice_path_a_job_sees(tmp_path: Path) -> None:
+    env = preempt.job_environment({}, tmp_path, sandboxed=True)
+    # the SDK directory, which the sandbox binds read-only: a job cannot plant a link there
+    assert env[track.PREEMPT_NOTICE_VARIABLE] == f"{SDK_ROOT}/{preempt.NOTICE_NAME}"
+    env = preempt.job_environment({}, tmp_path, sandboxed=False)
+    assert env[track.PREEMPT_NOTICE_VARIABLE] == str(preempt.notice_file(tmp_path))
+
+
+def test_track_preempted_outside_gpulease_is_false(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv(track.PREEMPT_NOTICE_VARIABLE, raising=False)
+    assert track.preempted() is False
+    monkeypatch.setenv(track.PREEMPT_NOTICE_VARIABLE, str(tmp_path / "notice"))
+    assert track.preempted() is False
+    (tmp_path / "notice").write_text("{}")
+    assert track.preempted() is True
