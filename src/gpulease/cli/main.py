@@ -15,6 +15,7 @@ from gpulease.cli import datasets as dataset_commands
 from gpulease.cli import doctor as doctor_commands
 from gpulease.cli import estimates as estimate_commands
 from gpulease.cli import metrics as metric_commands
+from gpulease.cli import quotas as quota_commands
 from gpulease.cli import simulate as simulate_commands
 from gpulease.cli import statements as statement_commands
 from gpulease.cli import support as support_commands
@@ -108,5 +109,6 @@ for name, command in COMMANDS.items():
     app.command(name)(command)
 for name, command in ADMIN_COMMANDS.items():
     billing.admin_app.command(name)(command)
+billing.admin_app.add_typer(quota_commands.quota_app, name="quota")
 for name, group in GROUPS.items():
     app.add_typer(group, name=name)

@@ -13,6 +13,7 @@ from gpulease.schemas.billing import (
     VoucherPublic,
 )
 from gpulease.schemas.ledger import GrantCreate, LedgerLine
+from gpulease.schemas.quotas import QuotaPublic, QuotaUpdate
 
 
 class AdminAPI(Resource):
@@ -41,3 +42,12 @@ class AdminAPI(Resource):
     def set_limits(self, user: str, body: AdminLimitsUpdate) -> LimitsPublic:
         path = f"/admin/users/{path_part(user)}/limits"
         return self._api.one(LimitsPublic, "PUT", path, body=body)
+
+    def quotas(self) -> list[QuotaPublic]:
+        """The GPU caps set on users and teams."""
+        return self._api.many(QuotaPublic, "/admin/quotas")
+
+    def set_quota(self, kind: str, name: str, max_gpus: int | None) -> QuotaPublic:
+        """Cap the GPUs user or team (`kind`) `name` may hold at once; None lifts it."""
+        path = f"/admin/quotas/{path_part(kind)}s/{path_part(name)}"
+        return self._api.one(QuotaPublic, "PUT", path, body=QuotaUpdate(max_gpus=max_gpus))
