@@ -84,3 +84,28 @@ def test_tokens_create_list_revoke(cli: Cli) -> None:
     assert [t.revoked_at is not None for t in ann.tokens.list() if t.name == "laptop"] == [True]
     missing = cli("token", "revoke", "999")
     assert missing.exit_code == 1 and "no token with id 999" in missing.stderr
+
+
+def test_register_without_a_terminal_says_which_option_is_missing(cli: Cli) -> None:
+    nameless = cli("register", "--server", SERVER_URL)
+    assert nameless.exit_code == 2
+    assert "give --name NAME" in nameless.stderr and "Aborted" not in nameless.output
+    passwordless = cli("register", "--server", SERVER_URL, "--name", "cara")
+    assert passwordless.exit_code == 2 and "give --password PASSWORD" in passwordless.stderr
+    assert load_saved(cli.config).token is None
+
+
+def test_token_revoke_by_name(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    for name in ("laptop", "ci", "ci"):
+        assert cli("token", "create", name).exit_code == 0
+    revoked = cli("token", "revoke", "laptop")
+    assert revoked.exit_code == 0, revoked.output
+    (laptop,) = [t for t in ann.tokens.list() if t.name == "laptop"]
+    assert laptop.revoked_at is not None and f"token {laptop.id} revoked" in revoked.stdout
+    twice = cli("token", "revoke", "ci")
+    ci_ids = sorted(t.id for t in ann.tokens.list() if t.name == "ci")
+    assert twice.exit_code == 2 and f"ids {ci_ids[0]}, {ci_ids[1]}" in twice.stderr
+    assert all(t.revoked_at is None for t in ann.tokens.list() if t.name == "ci")
+    again = cli("token", "revoke", "laptop")
+    assert again.exit_code == 1 and "no live token named 'laptop'" in again.stderr

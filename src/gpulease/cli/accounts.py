@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -18,6 +19,7 @@ from gpulease.cli.output import (
     console,
     emit,
     emit_rows,
+    fail,
     note,
     show_fields,
     when,
@@ -54,18 +56,28 @@ ServerOption = Annotated[
 NameOption = Annotated[str, typer.Option("--name", prompt="Name", help="your account name")]
 
 
+def _asked(value: str | None, prompt: str, option: str, *, secret: bool = False) -> str:
+    """`value`, else what the user types at the prompt; with nothing to read the prompt
+    from (no terminal, no piped input), exits 2 naming the option to give instead."""
+    if value is not None:
+        return value
+    try:
+        answer: str = typer.prompt(prompt, hide_input=secret, confirmation_prompt=secret)
+    except typer.Abort:
+        if sys.stdin.isatty():
+            raise
+        fail(f"no {prompt.lower()} to register with: give {option} (no terminal to ask on)", 2)
+    return answer
+
+
 def register(
-    name: NameOption,
+    name: Annotated[
+        str | None, typer.Option("--name", help="your account name; asked when left out")
+    ] = None,
     password: Annotated[
-        str,
-        typer.Option(
-            "--password",
-            prompt="Password",
-            hide_input=True,
-            confirmation_prompt=True,
-            help="prompted for (hidden) when left out",
-        ),
-    ],
+        str | None,
+        typer.Option("--password", help="asked for (hidden, twice) when left out"),
+    ] = None,
     server: ServerOption = None,
     email: Annotated[str | None, typer.Option("--email")] = None,
     yes: YesOption = False,
@@ -73,6 +85,8 @@ def register(
 ) -> None:
     """Create an account on a server and stay logged in to it."""
     url = _server_url(server)
+    name = _asked(name, "Name", "--name NAME")
+    password = _asked(password, "Password", "--password PASSWORD", secret=True)
     body = RegisterRequest(name=name, password=password, email=email)
     user, path = _sign_in(url, yes, replace_certificate, lambda client: client.auth.register(body))
     console().print(f"registered [bold]{user}[/bold] on {url}; logged in")
@@ -183,8 +197,23 @@ def token_list(output: OutputOption = OutputFormat.table) -> None:
 
 
 @token_app.command("revoke")
-def token_revoke(token_id: Annotated[int, typer.Argument(metavar="ID")]) -> None:
+def token_revoke(
+    token: Annotated[str, typer.Argument(metavar="TOKEN", help="its id or its name")],
+) -> None:
     """Revoke a token: requests with it are refused from now on."""
     with logged_in_client() as client:
+        token_id = int(token) if token.isdigit() else _token_named(client, token)
         client.tokens.revoke(token_id)
-    console().print(f"token {token_id} revoked")
+    console().print(f"token {token_id} revoked", markup=False)
+
+
+def _token_named(client: GpuleaseClient, name: str) -> int:
+    """The id of your one live token called `name`; exits saying why when there is none
+    or several."""
+    ids = [t.id for t in client.tokens.list() if t.name == name and t.revoked_at is None]
+    if not ids:
+        fail(f"you have no live token named {name!r}; `gpulease token ls` lists them", 1)
+    if len(ids) > 1:
+        listed = ", ".join(map(str, ids))
+        fail(f"{len(ids)} of your tokens are named {name!r} (ids {listed}): give the id", 2)
+    return ids[0]
