@@ -1,36 +1,47 @@
-"""The whole API under generated input (schemathesis): no request, however odd, answers 500.
+"""The whole API under generated input (schemathesis), on a real server: no request, however
+odd, answers 5xx, and the server logs no traceback.
 
-Every operation of the OpenAPI schema is called with generated paths, queries and bodies, as
-a user and as an admin, against the in-process app on SQLite, within a time budget. Every
-other call aims its path at resources that exist (an instance, a run, a ticket, a team), so
-that generated bodies reach the services rather than stopping at a 404, and every third one
-also swaps each integer for one too large for a database column.
+A uvicorn process (tests/fuzz_server.py: the production app and `serve`, on SQLite, with
+the fake backend so that no runner starts) is called over HTTP with generated paths,
+queries and bodies for every operation of its OpenAPI schema, as a user and as an admin.
+A first round gives every (caller, operation) pair a case, so every route is reached however
+slow the machine; later rounds give each pair more cases until the time budget is spent.
+Every other case aims its path at resources that exist (an instance, a run, a ticket, a
+team) so that generated bodies reach the services rather than stopping at a 404, and every
+third one also swaps each integer for one too large for a database column. Streams (SSE)
+are judged by their status line and closed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import shutil
+import math
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
-from starlette.testclient import TestClient
 
-from factories import Caller
+from factories import ADMIN_PASSWORD, PASSWORD
+from processes import free_port
 
 pytestmark = pytest.mark.fuzz
 
-BUDGET_S = 60.0
-EXAMPLES = 12
-# streams hold the connection open until the run ends; the fuzzer would only wait on them
-SKIP = ("/stream",)
+BUDGET_S = 50.0  # for the calls, after the server is up; the first round always ends
+ROUNDS = (1, 4, 12)  # cases per (caller, operation) pair in each round
 HUGE = 2**64
+LAUNCHER = Path(__file__).resolve().parents[3] / "fuzz_server.py"
 
 
 def _huge(value: object) -> object:
@@ -46,19 +57,101 @@ def _huge(value: object) -> object:
     return value
 
 
+@dataclass
+class Server:
+    url: str
+    log: Path
+
+
 @pytest.fixture
-def database_url(sqlite_migrated: Path, tmp_path: Path) -> Iterator[str]:
-    """SQLite only: the fuzzer looks for unhandled input, not for database differences."""
-    shutil.copyfile(sqlite_migrated, tmp_path / "gpulease.db")
-    yield f"sqlite:///{tmp_path / 'gpulease.db'}"
+def server(sqlite_migrated: Path, tmp_path: Path) -> Iterator[Server]:
+    """SQLite only: the fuzzer looks for unhandled input, not for database differences. The
+    guessing limits are raised: the fuzzer's failed logins must not lock its own callers."""
+    database = tmp_path / "gpulease.db"
+    database.write_bytes(sqlite_migrated.read_bytes())
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEASE_")}
+    env.update(
+        GPULEASE_HOME=str(tmp_path / "home"),
+        GPULEASE_DATABASE_URL=f"sqlite:///{database}",
+        GPULEASE_PORT=str(port),
+        GPULEASE_SIMULATED_GPUS="A100-80GB:2,T4:1",
+        GPULEASE_ADMIN_PASSWORD=ADMIN_PASSWORD,
+        GPULEASE_LOGIN_FAILURES_PER_ACCOUNT="100000",
+        GPULEASE_LOGIN_FAILURES_PER_ADDRESS="100000",
+        GPULEASE_REGISTRATIONS_PER_ADDRESS="100000",
+        GPULEASE_TOKEN_FAILURES_PER_ADDRESS="100000",
+        GPULEASE_NOTIFY_MAX_ATTEMPTS="1",
+        GPULEASE_NOTIFY_TIMEOUT_S="1",
+    )
+    log = tmp_path / "server.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(LAUNCHER)], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, f"server exited: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no server: {log.read_text()[-3000:]}"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.2)
+        yield Server(url, log)
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+@dataclass
+class Caller:
+    """A signed-in account; signs in again when a generated call revoked its token."""
+
+    url: str
+    name: str
+    password: str
+    token: str = ""
+    refused: bool = False  # a call was answered 401 since the last check
+    http: requests.Session = field(default_factory=requests.Session)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def sign_in(self, *, register: bool = False) -> None:
+        path = "/api/v1/auth/register" if register else "/api/v1/auth/login"
+        r = self.http.post(f"{self.url}{path}", json={"name": self.name, "password": self.password})
+        assert r.status_code in (200, 201), r.text
+        self.token = r.json()["token"]
+
+    def still_signed_in(self) -> None:
+        if (
+            self.refused
+            and self.http.get(f"{self.url}/api/v1/me", headers=self.headers).status_code == 401
+        ):
+            self.sign_in()
+        self.refused = False
+
+    def post(self, path: str, body: object) -> dict[str, object]:
+        r = self.http.post(f"{self.url}{path}", json=body, headers=self.headers)
+        assert r.status_code < 300, r.text
+        result = r.json()
+        assert isinstance(result, dict)
+        return result
 
 
 def _existing(ann: Caller) -> dict[str, object]:
     """Resources of ann's for the paths to name: path parameter -> value."""
-    instance = ann.post("/api/v1/instances", json={"gpu": "T4:1", "name": "fuzzed"}).json()
-    run = ann.post(f"/api/v1/instances/{instance['id']}/runs", json={"command": "true"}).json()
-    ticket = ann.post("/api/v1/support/tickets", json={"subject": "s", "body": "b"}).json()
-    ann.post("/api/v1/teams", json={"name": "fuzzers"})
+    instance = ann.post("/api/v1/instances", {"gpu": "T4:1", "name": "fuzzed"})
+    run = ann.post(f"/api/v1/instances/{instance['id']}/runs", {"command": "true"})
+    ticket = ann.post("/api/v1/support/tickets", {"subject": "s", "body": "b"})
+    ann.post("/api/v1/teams", {"name": "fuzzers"})
     return {
         "ref": str(instance["id"]),
         "run_id": run["id"],
@@ -68,59 +161,88 @@ def _existing(ann: Caller) -> dict[str, object]:
     }
 
 
-def _try(
-    operation: schemathesis.APIOperation,
-    caller: Caller,
-    known: dict[str, object],
-    aim: Iterator[int],
-    failures: list[str],
-) -> None:
-    @given(case=operation.as_strategy())
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        phases=[Phase.explicit, Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    def call(case: schemathesis.Case) -> None:
-        how = next(aim)
+@dataclass
+class Fuzz:
+    known: dict[str, object]
+    failures: list[str] = field(default_factory=list)
+    reached: set[tuple[str, str]] = field(default_factory=set)
+    calls: int = 0
+    strategies: dict[str, Any] = field(default_factory=dict)
+    aim: Iterator[int] = field(default_factory=lambda: itertools.cycle([0, 1, 2]))
+
+    def call(self, case: schemathesis.Case, caller: Caller) -> None:
+        how = next(self.aim)  # as generated, aimed, aimed with huge integers
         if case.path_parameters and how:
-            for key in case.path_parameters.keys() & known.keys():
-                case.path_parameters[key] = known[key]
+            for key in case.path_parameters.keys() & self.known.keys():
+                case.path_parameters[key] = self.known[key]
         if how == 2:
             case.body = _huge(case.body)
             case.query = _huge(case.query)  # type: ignore[assignment]
         what = f"{caller.name}: {case.method} {case.formatted_path} query={case.query} "
         what += f"body={case.body!r:.300}"
-        try:  # the in-process client raises what the app did not handle (a 500)
-            r = case.call(headers=caller.headers)
-        except Exception as exc:
-            failures.append(f"{what} -> {type(exc).__name__}: {exc}")
+        self.calls += 1
+        self.reached.add((caller.name, case.operation.label))
+        request = case.as_transport_kwargs(headers=caller.headers)
+        try:
+            r = caller.http.request(**request, stream=True, timeout=30)
+        except requests.RequestException as exc:  # the server dropped the connection
+            self.failures.append(f"{what} -> {type(exc).__name__}: {exc}")
             return
+        with r:
+            if r.headers.get("content-type", "").startswith("text/event-stream"):
+                text = ""  # a live stream: its status line says enough
+            else:
+                text = r.text
+        caller.refused |= r.status_code == 401
         if r.status_code >= 500:
-            failures.append(f"{what} -> {r.status_code} {r.text[:200]}")
+            self.failures.append(f"{what} -> {r.status_code} {text[:200]}")
 
-    with contextlib.suppress(Unsatisfiable):  # an operation no valid case fits
-        call()
+    def operation(
+        self, operation: schemathesis.APIOperation, caller: Caller, cases: int, deadline: float
+    ) -> None:
+        strategy = self.strategies.get(operation.label)
+        if strategy is None:
+            strategy = self.strategies[operation.label] = operation.as_strategy()
+
+        @given(case=strategy)
+        @settings(
+            max_examples=cases,
+            deadline=None,
+            database=None,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        def call(case: schemathesis.Case) -> None:
+            if time.monotonic() < deadline:
+                self.call(case, caller)
+
+        with contextlib.suppress(Unsatisfiable):  # an operation no valid case fits
+            call()
+        caller.still_signed_in()
 
 
-def _fuzz(
-    http: TestClient, callers: list[Caller], known: dict[str, object], deadline: float
-) -> list[str]:
-    schema = schemathesis.openapi.from_asgi("/openapi.json", http.app)
+def test_no_generated_request_answers_5xx(server: Server) -> None:
+    started = time.monotonic()
+    ann = Caller(server.url, "ann", PASSWORD)
+    ann.sign_in(register=True)
+    admin = Caller(server.url, "admin", ADMIN_PASSWORD)
+    admin.sign_in()
+    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    failures: list[str] = []
-    aim = itertools.cycle([0, 1, 2])  # as generated, aimed, aimed with huge integers
-    for caller, operation in itertools.product(callers, operations):
-        if time.monotonic() > deadline:
-            break
-        if not any(part in operation.path for part in SKIP):
-            _try(operation, caller, known, aim, failures)
-    return failures
-
-
-def test_no_generated_request_answers_500(http: TestClient, ann: Caller, admin: Caller) -> None:
-    known = _existing(ann)
-    failures = _fuzz(http, [ann, admin], known, time.monotonic() + BUDGET_S)
-    assert not failures, f"{len(failures)} answers >= 500:\n" + "\n".join(failures[:40])
+    fuzz = Fuzz(_existing(ann))
+    deadline = started + BUDGET_S
+    for round_, cases in enumerate(ROUNDS):
+        for caller, operation in itertools.product([ann, admin], operations):
+            if round_ == 0 or time.monotonic() < deadline:
+                fuzz.operation(operation, caller, cases, math.inf if round_ == 0 else deadline)
+    everything = {(c.name, o.label) for c in (ann, admin) for o in operations}
+    missed = sorted(everything - fuzz.reached)
+    log = server.log.read_text(errors="replace")
+    print(
+        f"{fuzz.calls} calls on {len(operations)} operations in {time.monotonic() - started:.0f} s"
+    )
+    assert not fuzz.failures, f"{len(fuzz.failures)} answers >= 500:\n" + "\n".join(
+        fuzz.failures[:40]
+    )
+    assert "Traceback" not in log, log[-6000:]
+    assert not missed, f"{len(missed)} of {len(everything)} pairs never called: {missed[:20]}"
