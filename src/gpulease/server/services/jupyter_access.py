@@ -4,14 +4,15 @@ The console mints a ticket for the instance's owner (one minute, one use) and se
 browser to the instance's Jupyter host with it; that host redeems it for a cookie of its
 own (hours), valid for that instance only. Both are rows of api_tokens (stored as SHA-256,
 so several server replicas share them) whose kinds the API refuses as bearer tokens: what
-runs in a notebook can never act on the console as its owner.
+runs in a notebook can never act on the console as its owner. Each new ticket first deletes
+tickets and cookies that expired or were used up, so they do not pile up.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpulease.server.db import utcnow
@@ -24,6 +25,7 @@ KINDS = (TICKET_KIND, ACCESS_KIND)
 PREFIX = "glj_"
 TICKET_TTL = timedelta(seconds=60)
 ACCESS_TTL = timedelta(hours=8)
+PRUNE_BATCH = 1000
 
 
 def _name(instance_id: int) -> str:
@@ -63,8 +65,33 @@ def _live(session: Session, secret: str, instance_id: int, kind: str) -> ApiToke
     return row
 
 
+def prune(session: Session, now: datetime) -> int:
+    """Delete up to PRUNE_BATCH tickets and cookies (any user's) that expired by now or were
+    used up or revoked: they open nothing any more. Rows another transaction holds are
+    skipped (PostgreSQL: SKIP LOCKED), so two pruning requests never wait on each other.
+    Returns how many were deleted."""
+    dead = (
+        select(ApiToken.id)
+        .where(
+            ApiToken.kind.in_(KINDS),
+            or_(ApiToken.expires_at <= now, ApiToken.revoked_at.is_not(None)),
+        )
+        .order_by(ApiToken.id)
+        .limit(PRUNE_BATCH)
+        .with_for_update(skip_locked=True)
+    )
+    ids = list(session.scalars(dead))
+    if not ids:
+        return 0
+    session.execute(
+        delete(ApiToken).where(ApiToken.id.in_(ids)).execution_options(synchronize_session=False)
+    )
+    return len(ids)
+
+
 def mint_ticket(session: Session, owner: User, instance_id: int) -> str:
     """A one-use ticket into JupyterLab of instance_id (the caller checked ownership)."""
+    prune(session, utcnow())
     return _issue(session, owner.id, instance_id, TICKET_KIND, TICKET_TTL)
 
 
