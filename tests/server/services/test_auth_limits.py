@@ -4,14 +4,16 @@ token with the browser's cookie needs the password again."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
+import pytest
 from starlette.testclient import TestClient
 
 from factories import Caller, make_user
 from gpulease.server.routers.deps import SESSION_COOKIE
 from gpulease.server.runtime import Runtime
-from gpulease.server.services.ratelimit import AuthGuard, SlidingWindow
+from gpulease.server.services.ratelimit import AuthGuard, SlidingWindow, address_key
 
 WINDOW = 900  # the default GPULEASE_AUTH_WINDOW_S
 PASSWORD = "password-123"  # make_user's
@@ -146,3 +148,34 @@ def test_sliding_window_forgets_events_one_by_one() -> None:
     window.hit("k")
     assert window.retry_after("k") == 4  # until the hit at 4 leaves
     assert window.retry_after("other") is None
+
+
+def test_one_ipv6_64_is_one_address(http: TestClient, rt: Runtime, ann: Caller) -> None:
+    """A host holds a whole /64: rotating addresses inside it does not reset the count."""
+    injected_clock(http, rt)
+    for i in range(rt.settings.token_failures_per_address):
+        guesser = TestClient(http.app, client=(f"2001:db8:0:1::{i + 1:x}", 4000))
+        r = guesser.get("/api/v1/me", headers={"Authorization": f"Bearer glp_guess{i}"})
+        assert r.status_code == 401
+    same_net = TestClient(http.app, client=("2001:db8:0:1:ffff::9", 4000))
+    assert same_net.get("/api/v1/me", headers=ann.headers).status_code == 429
+    next_net = TestClient(http.app, client=("2001:db8:0:2::1", 4000))
+    assert next_net.get("/api/v1/me", headers=ann.headers).status_code == 200
+
+
+def test_address_keys() -> None:
+    assert address_key("2001:db8::1") == address_key("2001:db8::ffff:1") == "2001:db8::/64"
+    assert address_key("::ffff:198.51.100.7") == address_key("198.51.100.7") == "198.51.100.7"
+    assert address_key("198.51.100.8") != address_key("198.51.100.7")
+    assert address_key("testclient") == "testclient"
+
+
+def test_failed_logins_go_to_the_servers_log(
+    http: TestClient, rt: Runtime, ann: Caller, caplog: pytest.LogCaptureFixture
+) -> None:
+    injected_clock(http, rt)
+    with caplog.at_level(logging.WARNING, logger="gpulease.server.services.ratelimit"):
+        login(http, "ann", "wrong-guess-1")
+    (record,) = [r for r in caplog.records if r.name.endswith("ratelimit")]
+    assert "'ann'" in record.getMessage() and "testclient" in record.getMessage()
+    assert "wrong-guess" not in caplog.text

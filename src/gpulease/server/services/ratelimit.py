@@ -2,13 +2,18 @@
 address), registrations and bad bearer tokens (per address), and the failed logins an admin
 can read.
 
-Counts live in this process (one AuthGuard per app): each replica of a multi-replica server
-counts on its own, so the limits there are per replica, and a restart forgets them. The
+An address is counted by its network where one holder has many: an IPv6 address by its /64
+(one host's share, in the usual assignment), an IPv4-mapped one as the IPv4 address. Counts
+live in this process (one AuthGuard per app), on purpose (docs/sandbox.md, "Guessing
+limits"): each replica of a multi-replica server counts on its own, and a restart forgets
+the current window. Failed logins also go to the server's log, which outlives both. The
 clock is injected so that tests move time instead of waiting.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import math
 import threading
 import time
@@ -22,6 +27,8 @@ from fastapi import HTTPException
 
 from gpulease.core.errors import GpuleaseError
 from gpulease.server.settings import Settings
+
+log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]  # seconds, like time.time()
 FAILED_LOGINS_KEPT = 1000
@@ -125,7 +132,7 @@ class AuthGuard:
         """TooManyAttempts when this account or this address failed too often lately; even
         the right password waits then (that is what stops a guesser)."""
         account_wait = self.by_account.retry_after(_account(name))
-        address_wait = self.by_address.retry_after(address)
+        address_wait = self.by_address.retry_after(address_key(address))
         if account_wait is not None or address_wait is not None:
             self._failed.append(FailedLogin(self.now(), name[:64], address, "rate limited"))
         self._refuse(f"failed logins for {name[:64]!r}", account_wait)
@@ -133,24 +140,27 @@ class AuthGuard:
 
     def login_failed(self, name: str, address: str, reason: str) -> None:
         self.by_account.hit(_account(name))
-        self.by_address.hit(address)
+        self.by_address.hit(address_key(address))
         self._failed.append(FailedLogin(self.now(), name[:64], address, reason))
+        log.warning("failed login for %r from %s: %s", name[:64], address, reason)
 
     def check_registration(self, address: str) -> None:
         self._refuse(
-            "accounts registered from your address", self.registrations.retry_after(address)
+            "accounts registered from your address",
+            self.registrations.retry_after(address_key(address)),
         )
 
     def registered(self, address: str) -> None:
-        self.registrations.hit(address)
+        self.registrations.hit(address_key(address))
 
     def check_token(self, address: str) -> None:
         self._refuse(
-            "requests with an invalid token from your address", self.bad_tokens.retry_after(address)
+            "requests with an invalid token from your address",
+            self.bad_tokens.retry_after(address_key(address)),
         )
 
     def token_failed(self, address: str) -> None:
-        self.bad_tokens.hit(address)
+        self.bad_tokens.hit(address_key(address))
 
     def failed_logins(self, limit: int = 100) -> list[FailedLogin]:
         """The latest failed (and refused) logins, newest first."""
@@ -159,6 +169,21 @@ class AuthGuard:
 
 def _account(name: str) -> str:
     return name.strip().lower()[:64]
+
+
+def address_key(address: str) -> str:
+    """What the per-address limits count an address as: an IPv6 address's /64 (a single
+    host usually holds all of one), an IPv4-mapped IPv6 address as its IPv4 address, any
+    other text (a Unix socket's peer, "unknown") as it is."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def guard_of(state: Any, settings: Settings) -> AuthGuard:
