@@ -145,6 +145,15 @@ def schedule(
     return decisions
 
 
+def policy_order(
+    queue: Sequence[Request], usage: Mapping[str, float], config: Config
+) -> list[Request]:
+    """The queue in the order the policy takes it (`queue` in arrival order)."""
+    if config.policy not in POLICIES:
+        raise ValueError(f"unknown policy {config.policy!r}; choose one of {', '.join(POLICIES)}")
+    return _order(queue, usage, config)
+
+
 def _order(queue: Sequence[Request], usage: Mapping[str, float], config: Config) -> list[Request]:
     policy = config.policy
     if policy in ("fifo", "backfill"):

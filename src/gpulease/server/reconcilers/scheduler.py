@@ -11,37 +11,27 @@ policy's reason and estimated start in its status message.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import PaymentRequired
 from gpulease.scheduler.fifo import Placement, Request
-from gpulease.scheduler.model import ClusterState, Config, FairShare, Running, RunningSet, Waiting
-from gpulease.scheduler.model import Request as PolicyRequest
-from gpulease.scheduler.placement import FreeMap
+from gpulease.scheduler.model import ClusterState, Waiting
 from gpulease.scheduler.policy import schedule
 from gpulease.server.db import transaction, utcnow
-from gpulease.server.orm import Gpu, Instance, Node, UsageSegment
+from gpulease.server.orm import Gpu, Instance
 from gpulease.server.runtime import Runtime
-from gpulease.server.services import ledger, notifications, preemption, quotas, templates
+from gpulease.server.services import ledger, notifications, preemption, templates
 from gpulease.server.services.billing import offpeak, plans
 from gpulease.server.services.instances.lifecycle import current_queue
-from gpulease.server.services.instances.states import (
-    QUEUED,
-    STARTING,
-    STOPPED,
-    STOPPING,
-    switch_status,
-)
+from gpulease.server.services.instances.queue import SERVER_POLICY, cluster_state, server_config
+from gpulease.server.services.instances.states import QUEUED, STARTING, STOPPED, switch_status
+
+__all__ = ["SERVER_POLICY", "cluster_state", "server_config", "tick"]
 
 WAITING_FOR_CHEAP = "waiting for an off-peak window (start when cheap)"
-# Priority classes, fair share, EASY backfill, quotas and spot preemption; the quotas are
-# the admins' (services/quotas.py), read every tick (server_config).
-SERVER_POLICY = Config(policy="default")
 
 
 def tick(rt: Runtime) -> int:
@@ -105,121 +95,20 @@ def tick(rt: Runtime) -> int:
                 instance.node_id = placement.node_id
                 switch_status(session, instance, STARTING, "")
                 placed += 1
-        _explain(session, decisions.waiting, now)
+        _explain(session, decisions.waiting, now, state)
     return placed
 
 
-def server_config(session: Session) -> Config:
-    """The server's policy with the admins' quotas of now."""
-    caps = quotas.current(session)
-    return replace(SERVER_POLICY, user_quota=caps.users, team_quota=caps.teams)
-
-
-def cluster_state(
-    session: Session, queue: list[Request], now: datetime, grace_s: float = 0.0
-) -> tuple[ClusterState, dict[tuple[int, str], list[int]]]:
-    """What the policy sees: free GPUs on ready nodes, instances holding GPUs (a stopping
-    one gives them back within `grace_s` of its stop), the queue, and each owner's recent
-    GPU-seconds; plus the free GPU ids per (node, model), lowest index first, to hand out
-    when a request starts there."""
-    free = FreeMap()
-    free_ids: dict[tuple[int, str], list[int]] = defaultdict(list)
-    for gpu in session.scalars(
-        select(Gpu)
-        .join(Node, Node.id == Gpu.node_id)
-        .where(
-            Gpu.instance_id.is_(None),
-            Gpu.present.is_(True),
-            Gpu.model.is_not(None),
-            Node.status == "ready",
-        )
-        .order_by(Gpu.node_id, Gpu.index)
-    ):
-        model = gpu.model or ""
-        free_ids[(gpu.node_id, model)].append(gpu.id)
-    for (node_id, model), ids in free_ids.items():
-        free.add_node(model, node_id, len(ids))
-    held: dict[int, list[Gpu]] = defaultdict(list)
-    for gpu in session.scalars(select(Gpu).where(Gpu.instance_id.is_not(None))):
-        assert gpu.instance_id is not None
-        held[gpu.instance_id].append(gpu)
-    running = RunningSet()
-    for instance in session.scalars(select(Instance).where(Instance.id.in_(list(held)))):
-        gpus = held[instance.id]
-        per_node: dict[int, int] = defaultdict(int)
-        for gpu in gpus:
-            per_node[gpu.node_id] += 1
-        start = (instance.started_at or instance.created_at).timestamp()
-        stopping = instance.status == STOPPING
-        end = _expected_end(instance, start)
-        if stopping:
-            asked = (instance.stop_requested_at or now).timestamp()
-            end = asked + grace_s if end is None else min(end, asked + grace_s)
-        running.add(
-            Running(
-                instance.id,
-                str(instance.owner_id),
-                gpus[0].model or instance.gpu_model,
-                max(per_node.values()),
-                tuple(sorted(per_node)),
-                start,
-                expected_end=end,
-                plan=instance.plan,
-                team=None if instance.team_id is None else str(instance.team_id),
-                stopping=stopping,
-            )
-        )
-    rows = {
-        i.id: i
-        for i in session.scalars(
-            select(Instance).where(Instance.id.in_([r.instance_id for r in queue]))
-        )
-    }
-    requests = [
-        PolicyRequest(
-            r.instance_id,
-            str(rows[r.instance_id].owner_id),
-            r.model,
-            r.count,
-            arrival=(rows[r.instance_id].queued_at or rows[r.instance_id].created_at).timestamp(),
-            plan=rows[r.instance_id].plan,
-            team=None if rows[r.instance_id].team_id is None else str(rows[r.instance_id].team_id),
-            allowed=r.nodes,
-        )
-        for r in queue
-        if r.instance_id in rows
-    ]
-    node_ids = list(session.scalars(select(Node.id).where(Node.status == "ready")))
-    return ClusterState(free, running, requests, _usage(session, now), node_ids), free_ids
-
-
-def _expected_end(instance: Instance, start: float) -> float | None:
-    """When an instance will give its GPUs back, if anything says so: its maximum runtime,
-    or the end of a daily block that does not renew."""
-    if instance.max_runtime_minutes:
-        return start + instance.max_runtime_minutes * 60
-    if instance.plan == plans.DAILY and instance.reserved_until and not instance.auto_renew:
-        return instance.reserved_until.timestamp()
-    return None
-
-
-def _usage(session: Session, now: datetime) -> dict[str, float]:
-    """Each owner's GPU-seconds from usage segments, decayed with the policy's half-life."""
-    share = FairShare(SERVER_POLICY.half_life)
-    since = now - timedelta(seconds=4 * SERVER_POLICY.half_life)
-    for seg in session.scalars(
-        select(UsageSegment).where(
-            or_(UsageSegment.ended_at.is_(None), UsageSegment.ended_at > since)
-        )
-    ):
-        end = min(seg.ended_at or now, now)
-        seconds = max(0.0, (end - seg.started_at).total_seconds())
-        share.add(str(seg.owner_id), seg.gpu_count * seconds, end.timestamp())
-    return share.usage(now.timestamp())
-
-
-def _explain(session: Session, waiting: dict[int, Waiting], now: datetime) -> None:
-    """Why each queued instance waits, and until about when, in its status message."""
+def _explain(
+    session: Session, waiting: dict[int, Waiting], now: datetime, state: ClusterState
+) -> None:
+    """Why each queued instance waits, and until about when (with what the estimate rests
+    on), in its status message."""
+    known = sum(1 for r in state.running if r.expected_end is not None)
+    basis = (
+        f"from the declared or learned durations of {known} of the {len(state.running)} "
+        "instances holding GPUs, and of those ahead"
+    )
     for instance_id, w in waiting.items():
         instance = session.get(Instance, instance_id)
         if instance is None or instance.status != QUEUED:
@@ -228,7 +117,11 @@ def _explain(session: Session, waiting: dict[int, Waiting], now: datetime) -> No
             when = "no start time can be estimated yet"
         else:
             minutes = max(0, round((w.eta - now.timestamp()) / 60))
-            when = f"expected to start in about {minutes} min" if minutes else "starting soon"
+            when = (
+                f"expected to start in about {minutes} min ({basis})"
+                if minutes
+                else "starting soon"
+            )
         message = f"{w.reason}; {when}"[:500]
         if instance.status_message != message:
             instance.status_message = message

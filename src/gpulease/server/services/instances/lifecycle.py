@@ -13,12 +13,12 @@ from gpulease.core.catalog import Catalog, parse_accelerators
 from gpulease.core.errors import Conflict, InvalidInput, NotFound, PaymentRequired
 from gpulease.core.ids import parse_id
 from gpulease.core.money import cost_for_seconds, format_credits
-from gpulease.scheduler.fifo import Request, queue_positions
+from gpulease.scheduler.fifo import Request
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, User
 from gpulease.server.services import ledger, nodes, templates
 from gpulease.server.services.billing import limits, offpeak, plans, teams
-from gpulease.server.services.instances import resize
+from gpulease.server.services.instances import queue, resize
 from gpulease.server.services.instances.states import (
     FAILED,
     QUEUED,
@@ -186,7 +186,9 @@ def current_queue(session: Session) -> list[Request]:
 
 
 def queue_position_map(session: Session) -> dict[int, int]:
-    return queue_positions(current_queue(session))
+    """Each queued instance's place among those for its GPU model, in the scheduler's order
+    (services/instances/queue.py); its status message says why it waits and until when."""
+    return queue.queue_positions(session, current_queue(session))
 
 
 def stop_instance(

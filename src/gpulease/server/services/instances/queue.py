@@ -1,0 +1,242 @@
+"""The queue as the scheduling policy sees it: what the server hands `schedule()`, and each
+queued instance's place, reason and estimated start, from the very decisions the scheduler
+reconciler applies (reconcilers/scheduler.py).
+
+Durations, which backfill and the estimates need, come from what the owner declared (the
+instance's maximum runtime, `gpulease instance autostop --max-runtime`) or else what the
+platform learned from the owner's earlier runs of the same task: instances that
+`gpulease run` named after the same task name (the name less its random suffix).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from gpulease.scheduler.fifo import Request
+from gpulease.scheduler.model import ClusterState, Config, FairShare, Running, RunningSet
+from gpulease.scheduler.model import Request as PolicyRequest
+from gpulease.scheduler.placement import FreeMap
+from gpulease.scheduler.policy import policy_order
+from gpulease.server.db import utcnow
+from gpulease.server.orm import Gpu, Instance, Node, Run, UsageSegment
+from gpulease.server.services import quotas
+from gpulease.server.services.billing import plans
+from gpulease.server.services.instances.states import QUEUED, STOPPING
+
+# Priority classes, fair share, EASY backfill, quotas and spot preemption; the quotas are
+# the admins' (services/quotas.py), read every tick (server_config).
+SERVER_POLICY = Config(policy="default")
+# `gpulease run` names an instance after its task: the task's slug, "-", 4 hex digits.
+TASK_SUFFIX = re.compile(r"^(?P<task>[a-z][a-z0-9-]*)-[0-9a-f]{4}$")
+LEARNED_RUNS = 10  # the owner's newest finished runs of a task that a learned duration uses
+
+
+@dataclass(frozen=True)
+class Duration:
+    seconds: float
+    basis: str  # in words: "declared maximum runtime", "learned from 3 earlier runs of …"
+
+
+def server_config(session: Session) -> Config:
+    """The server's policy with the admins' quotas of now."""
+    caps = quotas.current(session)
+    return replace(SERVER_POLICY, user_quota=caps.users, team_quota=caps.teams)
+
+
+def task_of(name: str) -> str | None:
+    """The task an instance was named after by `gpulease run`, or None."""
+    match = TASK_SUFFIX.match(name)
+    return match.group("task") if match else None
+
+
+def durations(session: Session, instances: Iterable[Instance]) -> dict[int, Duration]:
+    """How long each instance will hold its GPUs, where something says so: its declared
+    maximum runtime, else the mean of its owner's newest finished runs of the same task."""
+    out: dict[int, Duration] = {}
+    wanted: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for instance in instances:
+        if instance.max_runtime_minutes:
+            out[instance.id] = Duration(
+                instance.max_runtime_minutes * 60.0, "its declared maximum runtime"
+            )
+        elif (task := task_of(instance.name)) is not None:
+            wanted[(instance.owner_id, task)].append(instance.id)
+    for (owner_id, task), ids in wanted.items():
+        learned = _learned(session, owner_id, task)
+        if learned is not None:
+            for instance_id in ids:
+                out[instance_id] = learned
+    return out
+
+
+def _learned(session: Session, owner_id: int, task: str) -> Duration | None:
+    rows = session.execute(
+        select(Instance.name, Run.started_at, Run.finished_at)
+        .join(Run, Run.instance_id == Instance.id)
+        .where(
+            Instance.owner_id == owner_id,
+            Instance.name.like(f"{task}-%"),
+            Run.status == "succeeded",
+            Run.started_at.is_not(None),
+            Run.finished_at.is_not(None),
+        )
+        .order_by(Run.finished_at.desc())
+        .limit(LEARNED_RUNS * 4)
+    ).all()
+    seconds = [
+        (finished - started).total_seconds()
+        for name, started, finished in rows
+        if task_of(name) == task and started is not None and finished is not None
+    ][:LEARNED_RUNS]
+    if not seconds:
+        return None
+    mean = sum(seconds) / len(seconds)
+    runs = f"{len(seconds)} earlier run{'s' if len(seconds) != 1 else ''}"
+    return Duration(mean, f"learned from {runs} of task {task} (mean {mean / 60:.0f} min)")
+
+
+def cluster_state(
+    session: Session, queue: list[Request], now: datetime, grace_s: float = 0.0
+) -> tuple[ClusterState, dict[tuple[int, str], list[int]]]:
+    """What the policy sees: free GPUs on ready nodes, instances holding GPUs (a stopping
+    one gives them back within `grace_s` of its stop), the queue with its durations, and
+    each owner's recent GPU-seconds; plus the free GPU ids per (node, model), lowest index
+    first, to hand out when a request starts there."""
+    free = FreeMap()
+    free_ids: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for gpu in session.scalars(
+        select(Gpu)
+        .join(Node, Node.id == Gpu.node_id)
+        .where(
+            Gpu.instance_id.is_(None),
+            Gpu.present.is_(True),
+            Gpu.model.is_not(None),
+            Node.status == "ready",
+        )
+        .order_by(Gpu.node_id, Gpu.index)
+    ):
+        model = gpu.model or ""
+        free_ids[(gpu.node_id, model)].append(gpu.id)
+    for (node_id, model), ids in free_ids.items():
+        free.add_node(model, node_id, len(ids))
+    held: dict[int, list[Gpu]] = defaultdict(list)
+    for gpu in session.scalars(select(Gpu).where(Gpu.instance_id.is_not(None))):
+        assert gpu.instance_id is not None
+        held[gpu.instance_id].append(gpu)
+    holders = list(session.scalars(select(Instance).where(Instance.id.in_(list(held)))))
+    rows = {
+        i.id: i
+        for i in session.scalars(
+            select(Instance).where(Instance.id.in_([r.instance_id for r in queue]))
+        )
+    }
+    known = durations(session, [*holders, *rows.values()])
+    running = RunningSet()
+    for instance in holders:
+        gpus = held[instance.id]
+        per_node: dict[int, int] = defaultdict(int)
+        for gpu in gpus:
+            per_node[gpu.node_id] += 1
+        start = (instance.started_at or instance.created_at).timestamp()
+        stopping = instance.status == STOPPING
+        end = _expected_end(instance, start, known.get(instance.id), now.timestamp())
+        if stopping:
+            asked = (instance.stop_requested_at or now).timestamp()
+            end = asked + grace_s if end is None else min(end, asked + grace_s)
+        running.add(
+            Running(
+                instance.id,
+                str(instance.owner_id),
+                gpus[0].model or instance.gpu_model,
+                max(per_node.values()),
+                tuple(sorted(per_node)),
+                start,
+                expected_end=end,
+                plan=instance.plan,
+                team=None if instance.team_id is None else str(instance.team_id),
+                stopping=stopping,
+            )
+        )
+    requests = _requests(queue, rows, known)
+    node_ids = list(session.scalars(select(Node.id).where(Node.status == "ready")))
+    return ClusterState(free, running, requests, _usage(session, now), node_ids), free_ids
+
+
+def _expected_end(
+    instance: Instance, start: float, known: Duration | None, now: float
+) -> float | None:
+    """When an instance will give its GPUs back, if anything says so: the end of a daily
+    block that does not renew, its maximum runtime, or its learned duration (while that
+    still lies ahead: one that overruns it has no known end)."""
+    if instance.plan == plans.DAILY and instance.reserved_until and not instance.auto_renew:
+        block = instance.reserved_until.timestamp()
+        return block if known is None else min(block, start + known.seconds)
+    if known is None:
+        return None
+    end = start + known.seconds
+    return end if instance.max_runtime_minutes or end > now else None
+
+
+def _usage(session: Session, now: datetime) -> dict[str, float]:
+    """Each owner's GPU-seconds from usage segments, decayed with the policy's half-life."""
+    share = FairShare(SERVER_POLICY.half_life)
+    since = now - timedelta(seconds=4 * SERVER_POLICY.half_life)
+    for seg in session.scalars(
+        select(UsageSegment).where(
+            or_(UsageSegment.ended_at.is_(None), UsageSegment.ended_at > since)
+        )
+    ):
+        end = min(seg.ended_at or now, now)
+        seconds = max(0.0, (end - seg.started_at).total_seconds())
+        share.add(str(seg.owner_id), seg.gpu_count * seconds, end.timestamp())
+    return share.usage(now.timestamp())
+
+
+def _requests(
+    queue: list[Request], rows: dict[int, Instance], known: dict[int, Duration]
+) -> list[PolicyRequest]:
+    return [
+        PolicyRequest(
+            r.instance_id,
+            str(row.owner_id),
+            r.model,
+            r.count,
+            arrival=(row.queued_at or row.created_at).timestamp(),
+            plan=row.plan,
+            team=None if row.team_id is None else str(row.team_id),
+            duration=d.seconds if (d := known.get(r.instance_id)) is not None else None,
+            allowed=r.nodes,
+        )
+        for r in queue
+        if (row := rows.get(r.instance_id)) is not None
+    ]
+
+
+def queue_positions(session: Session, queue: list[Request]) -> dict[int, int]:
+    """1-based place of each queued instance among those for its GPU model, in the order
+    the scheduler takes them (the server's policy, fair share and all)."""
+    if not queue:
+        return {}
+    now = utcnow()
+    rows = {
+        i.id: i
+        for i in session.scalars(
+            select(Instance).where(
+                Instance.id.in_([r.instance_id for r in queue]), Instance.status == QUEUED
+            )
+        )
+    }
+    requests = _requests(queue, rows, {})
+    seen: dict[str, int] = defaultdict(int)
+    out = {}
+    for req in policy_order(requests, _usage(session, now), server_config(session)):
+        seen[req.model] += 1
+        out[req.id] = seen[req.model]
+    return out
