@@ -63,6 +63,9 @@ def test_accelerators_as_mapping() -> None:
         ("run: x\nfile_mounts: {/data/X: gpulease://X}", "not a valid dataset name"),
         ("run: x\nfile_mounts: [a]", "must be a mapping"),
         ("run: 42", "must be a string"),
+        ("run: x\nretry: true", "retry must be a whole number"),
+        ("run: x\nretry: -1", "retry must be a whole number"),
+        ("run: x\nretry: 11", "from 0 to 10"),
     ],
 )
 def test_bad_tasks(text: str, words: str) -> None:
@@ -85,6 +88,8 @@ def test_gpulease_fields_start_when_cheap_and_team() -> None:
         parse_task("run: x\nstart_when_cheap: sometimes")
     with pytest.raises(InvalidInput, match="team must be a string"):
         parse_task("run: x\nteam: [a, b]")
+    assert parse_task("run: x\nretry: 2").retries == 2
+    assert parse_task("run: x").retries == 0
 
 
 @pytest.mark.parametrize(

@@ -31,10 +31,13 @@ KNOWN_FIELDS = {
     "num_nodes",
     "file_mounts",
     "template",
-    # gpulease's own: start only inside an off-peak window; charge a team's wallet
+    # gpulease's own: start only inside an off-peak window; charge a team's wallet; run
+    # again on a new instance when its instance fails (its node leaves the cluster, say)
     "start_when_cheap",
     "team",
+    "retry",
 }
+MAX_RETRIES = 10
 # SkyPilot's top-level fields that only mean something on a cloud or a cluster manager.
 IGNORED_FIELDS = {
     "config",
@@ -108,6 +111,8 @@ class TaskSpec:
     datasets: tuple[str, ...] = ()
     start_when_cheap: bool = False
     team: str | None = None
+    # Times to run the task again on a new instance after its instance failed under it.
+    retries: int = 0
     # Every acceptable GPU set, in the order written (any of them will do).
     accelerator_choices: tuple[AcceleratorChoice, ...] = ()
     cpus: Amount | None = None
@@ -361,6 +366,12 @@ def parse_task(text: str) -> TaskSpec:
         raise InvalidInput("the task file needs a 'run:' command")
     if not isinstance(data.get("start_when_cheap", False), bool):
         raise InvalidInput("start_when_cheap must be true or false")
+    retries = data.get("retry", 0)
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise InvalidInput(
+            f"retry must be a whole number from 0 to {MAX_RETRIES}: how many times to run the "
+            "task again when its instance fails (retry: 1)"
+        )
     return TaskSpec(
         name=data.get("name"),
         accelerators=str(choices[0]) if len(choices) == 1 else None,
@@ -376,6 +387,7 @@ def parse_task(text: str) -> TaskSpec:
         datasets=datasets,
         start_when_cheap=bool(data.get("start_when_cheap", False)),
         team=data.get("team"),
+        retries=retries,
         ignored=tuple(ignored),
         skypilot=True,
     )

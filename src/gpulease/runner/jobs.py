@@ -44,7 +44,8 @@ def run_env(
 ) -> dict[str, str]:
     """The environment of a run: the runner's own (base), the instance's extra_env, the run's
     env, then what the protocol fixes and nobody may override: CUDA_VISIBLE_DEVICES (exactly
-    the instance's GPUs, in NVML's PCI order), the venvs first on PATH, GPULEASE_* ids.
+    the instance's GPUs, in NVML's PCI order), the venvs first on PATH, GPULEASE_* ids, the
+    node's name (GPULEASE_NODE).
 
     layer: the instance's writable venv (envs/layer.py); its bin comes before the template
     venv's and it is VIRTUAL_ENV. Host paths: a sandbox translates them (Sandbox.environment).
@@ -73,6 +74,8 @@ def run_env(
     )
     if datasets_dir is not None:
         env["GPULEASE_DATASETS_DIR"] = datasets_dir  # each mounted dataset is DIR/NAME
+    if spec.node:
+        env["GPULEASE_NODE"] = spec.node  # the node's name in `gpulease nodes`
     return env
 
 
