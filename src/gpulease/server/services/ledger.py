@@ -3,11 +3,18 @@
 Every transaction's entries sum to zero. A wallet's balance is the sum of its entries.
 A transaction's idempotency key is unique: posting the same key twice is a no-op, which is
 what makes a retried or replayed billing tick harmless.
+
+Entries are stamped with the time the caller gives (`at`: the second a charge bills up to,
+the tick's now) or else with `clock()`, the module's one reading of the real time, which
+tests replace (a Clock, as the rate limiter takes one) to pin the day an entry falls on.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -20,6 +27,9 @@ TEAM_WALLET = "team_wallet"
 REVENUE = "revenue"
 GRANTS = "grants"
 MAX_GRANT_MICRO = 10**15  # a billion credits: anything bigger is a typo
+
+Clock = Callable[[], datetime]
+clock: Clock = utcnow  # the time entries get when the caller names none
 
 
 def account_id(
@@ -60,6 +70,41 @@ def wallet_account(session: Session, user_id: int, team_id: int | None) -> int:
     return account_id(session, WALLET, user_id)
 
 
+def wallet_accounts(
+    session: Session, wallets: Iterable[tuple[int, int | None]]
+) -> dict[tuple[int, int | None], int]:
+    """wallet_account for many (user_id, team_id) at once: one query for those that exist."""
+    wanted = set(wallets)
+    users = {u for u, t in wanted if t is None}
+    teams = {t for _, t in wanted if t is not None}
+    of_user: dict[int, int] = {}
+    of_team: dict[int, int] = {}
+    for acc_id, kind, user_id, team_id in session.execute(
+        select(
+            LedgerAccount.id, LedgerAccount.kind, LedgerAccount.user_id, LedgerAccount.team_id
+        ).where(
+            or_(
+                (LedgerAccount.kind == WALLET)
+                & LedgerAccount.user_id.in_(users)
+                & LedgerAccount.team_id.is_(None),
+                (LedgerAccount.kind == TEAM_WALLET)
+                & LedgerAccount.team_id.in_(teams)
+                & LedgerAccount.user_id.is_(None),
+            )
+        )
+    ):
+        if kind == WALLET and user_id is not None:
+            of_user[user_id] = acc_id
+        elif team_id is not None:
+            of_team[team_id] = acc_id
+    found: dict[tuple[int, int | None], int] = {}
+    for user_id, team_id in wanted:
+        known = of_user.get(user_id) if team_id is None else of_team.get(team_id)
+        # a wallet's first charge makes its account
+        found[(user_id, team_id)] = known or wallet_account(session, user_id, team_id)
+    return found
+
+
 def post(
     session: Session,
     *,
@@ -69,8 +114,10 @@ def post(
     memo: str = "",
     user_id: int | None = None,
     instance_id: int | None = None,
+    at: datetime | None = None,
 ) -> LedgerTransaction | None:
-    """Append one balanced transaction of (account_id, amount) legs.
+    """Append one balanced transaction of (account_id, amount) legs, stamped `at` (default:
+    clock()).
 
     Returns None when a transaction with this key exists already (a replay).
     """
@@ -78,7 +125,7 @@ def post(
         raise ValueError(f"unbalanced ledger transaction {key}: {legs}")
     if session.scalar(select(LedgerTransaction.id).where(LedgerTransaction.idempotency_key == key)):
         return None
-    now = utcnow()
+    now = at or clock()
     txn = LedgerTransaction(
         kind=kind,
         idempotency_key=key,
@@ -106,6 +153,7 @@ def grant(
     key: str,
     memo: str,
     team_id: int | None = None,
+    at: datetime | None = None,
 ) -> LedgerTransaction | None:
     if amount_micro <= 0:
         raise InvalidInput("a credit grant must be a positive amount")
@@ -121,6 +169,7 @@ def grant(
         ],
         memo=memo,
         user_id=user_id,
+        at=at,
     )
 
 
@@ -134,6 +183,7 @@ def charge(
     kind: str = "usage",
     team_id: int | None = None,
     instance_id: int | None = None,
+    at: datetime | None = None,
 ) -> LedgerTransaction | None:
     """Move amount from the wallet (the team's when team_id is set) to revenue."""
     if amount_micro == 0:
@@ -151,6 +201,7 @@ def charge(
         memo=memo,
         user_id=user_id,
         instance_id=instance_id,
+        at=at,
     )
 
 
@@ -163,6 +214,7 @@ def charge_usage(
     key: str,
     memo: str,
     team_id: int | None = None,
+    at: datetime | None = None,
 ) -> LedgerTransaction | None:
     return charge(
         session,
@@ -172,6 +224,7 @@ def charge_usage(
         memo=memo,
         team_id=team_id,
         instance_id=instance_id,
+        at=at,
     )
 
 

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select, text, update
+from sqlalchemy import String, bindparam, select, text, type_coerce, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from gpulease.core.money import cost_for_seconds
-from gpulease.core.pricing import price_seconds
+from gpulease.core.pricing import OffPeakWindow, price_seconds
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, UsageSegment, UTCDateTime
 from gpulease.server.services import ledger
@@ -112,11 +113,13 @@ def _move_billed(session: Session, segment: UsageSegment, seconds: int, due: int
 
 def segment_price(segment: UsageSegment, seconds: int) -> int:
     """What the first `seconds` seconds of a segment cost, exactly."""
-    return _price(segment.started_at, segment.hourly_micro, segment.offpeak or {}, seconds)
+    windows = offpeak.from_snapshot(segment.offpeak or {})
+    return _price(segment.started_at, segment.hourly_micro, windows, seconds)
 
 
-def _price(started_at: datetime, hourly_micro: int, snapshot: dict[str, Any], seconds: int) -> int:
-    windows = offpeak.from_snapshot(snapshot)
+def _price(
+    started_at: datetime, hourly_micro: int, windows: list[OffPeakWindow], seconds: int
+) -> int:
     if not windows:
         return cost_for_seconds(hourly_micro, seconds)
     return price_seconds(started_at, seconds, hourly_micro, windows)
@@ -181,6 +184,8 @@ def charge_open_segments(
     the per-segment work.
     """
     now = now or utcnow()
+    # started_at and offpeak come raw (a string on SQLite) and are decoded here, once per
+    # distinct value: 10,000 rows through the column types cost more than the writes
     open_segments = session.execute(
         select(
             UsageSegment.id,
@@ -191,8 +196,8 @@ def charge_open_segments(
             UsageSegment.gpu_count,
             UsageSegment.plan,
             UsageSegment.hourly_micro,
-            UsageSegment.offpeak,
-            UsageSegment.started_at,
+            type_coerce(UsageSegment.offpeak, String()).label("offpeak"),
+            type_coerce(UsageSegment.started_at, String()).label("started_at"),
             UsageSegment.billed_seconds,
             UsageSegment.charged_micro,
         )
@@ -200,38 +205,44 @@ def charge_open_segments(
         .order_by(UsageSegment.id)
         .with_for_update(skip_locked=True)
     ).all()
+    windows_of: dict[str, list[OffPeakWindow]] = {}
     bills: list[tuple[Any, int, int]] = []  # (segment row, seconds, due)
     for seg in open_segments:
-        elapsed = (now - seg.started_at).total_seconds()
+        started_at = _aware(seg.started_at)
+        elapsed = (now - started_at).total_seconds()
         seconds = max(0, math.floor(elapsed))
         if seconds <= seg.billed_seconds or elapsed - seg.billed_seconds < min_step_s:
             continue
-        bills.append(
-            (seg, seconds, _price(seg.started_at, seg.hourly_micro, seg.offpeak or {}, seconds))
-        )
+        raw = seg.offpeak if isinstance(seg.offpeak, str) else json.dumps(seg.offpeak)
+        if raw not in windows_of:
+            windows_of[raw] = offpeak.from_snapshot(json.loads(raw) or {})
+        due = _price(started_at, seg.hourly_micro, windows_of[raw], seconds)
+        bills.append((seg, seconds, due))
     if not bills:
         return set()
     revenue = ledger.account_id(session, ledger.REVENUE)
     wallets = ledger.wallet_accounts(session, {(s.owner_id, s.team_id) for s, _, _ in bills})
-    rows = [
-        [
-            s.id,
-            sec,
-            due,
-            due - s.charged_micro,
-            f"usage:{s.id}:{sec}",
-            _memo(s, s.billed_seconds, sec),
-            s.owner_id,
-            s.instance_id,
-            wallets[(s.owner_id, s.team_id)],
-        ]
-        for s, sec, due in bills
-    ]
-    dialect = session.get_bind().dialect.name
-    source = _BILLS_PG if dialect == "postgresql" else _BILLS_SQLITE
-    params = {"bills": json.dumps(rows, ensure_ascii=False), "now": now, "revenue": revenue}
-    for template in _TICK_STATEMENTS:
-        statement = template.format(bills=source)
+    charged = [(s, sec, due - s.charged_micro) for s, sec, due in bills if due > s.charged_micro]
+    params = {
+        "now": now,
+        "revenue": revenue,
+        "txns": _json(
+            [f"usage:{s.id}:{sec}", _memo(s, s.billed_seconds, sec), s.owner_id, s.instance_id]
+            for s, sec, _ in charged
+        ),
+        "legs": _json(
+            [f"usage:{s.id}:{sec}", wallets[(s.owner_id, s.team_id)], amount]
+            for s, sec, amount in charged
+        ),
+        "segments": _json([s.id, sec, due] for s, sec, due in bills),
+    }
+    postgres = session.get_bind().dialect.name == "postgresql"
+    for template, sources in _TICK_STATEMENTS:
+        if not charged and ":txns" in str(sources):
+            continue
+        statement = template.format(
+            **{name: _rows(name, columns, postgres) for name, columns in sources.items()}
+        )
         sql = text(statement)
         if ":now" in statement:
             sql = sql.bindparams(bindparam("now", type_=UTCDateTime()))
@@ -241,44 +252,53 @@ def charge_open_segments(
         if isinstance(held, UsageSegment) and held.id in billed:
             set_committed_value(held, "billed_seconds", billed[held.id][0])
             set_committed_value(held, "charged_micro", billed[held.id][1])
-    return {s.owner_id for s, sec, due in bills if due > s.charged_micro}
+    return {s.owner_id for s, _, _ in charged}
 
 
-# The bills as rows (segment_id, seconds, due, amount, key, memo, owner_id, instance_id,
-# wallet) from one JSON array of arrays.
-_BILL_COLUMNS = (
-    ("segment_id", "bigint"),
-    ("seconds", "bigint"),
-    ("due", "bigint"),
-    ("amount", "bigint"),
-    ("key", "text"),
-    ("memo", "text"),
-    ("owner_id", "bigint"),
-    ("instance_id", "bigint"),
-    ("wallet", "bigint"),
-)
-_BILLS_SQLITE = "(SELECT {} FROM json_each(:bills))".format(
-    ", ".join(
-        f"json_extract(value, '$[{i}]') AS {name}" for i, (name, _) in enumerate(_BILL_COLUMNS)
-    )
-)
-_BILLS_PG = "(SELECT {} FROM jsonb_array_elements(CAST(:bills AS jsonb)) AS e)".format(
-    ", ".join(f"CAST(e->>{i} AS {kind}) AS {name}" for i, (name, kind) in enumerate(_BILL_COLUMNS))
-)
-_TICK_STATEMENTS = (
-    "INSERT INTO ledger_transactions "
-    "(kind, idempotency_key, memo, user_id, instance_id, created_at) "
-    "SELECT 'usage', b.key, b.memo, b.owner_id, b.instance_id, :now FROM {bills} AS b "
-    "WHERE b.amount > 0 ORDER BY b.segment_id",
-    # each transaction's two legs: the wallet pays, revenue earns
-    "INSERT INTO ledger_entries (transaction_id, account_id, amount, created_at) "
-    "SELECT t.id, CASE WHEN leg.n = 0 THEN b.wallet ELSE :revenue END, "
-    "CASE WHEN leg.n = 0 THEN -b.amount ELSE b.amount END, :now "
-    "FROM {bills} AS b JOIN ledger_transactions AS t ON t.idempotency_key = b.key "
-    "CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1) AS leg "
-    "WHERE b.amount > 0 ORDER BY t.id, leg.n",
-    "UPDATE usage_segments SET billed_seconds = b.seconds, charged_micro = b.due "
-    "FROM {bills} AS b WHERE usage_segments.id = b.segment_id",
+def _aware(value: datetime | str) -> datetime:
+    """A UTC datetime from what the driver gives for a UTCDateTime read raw."""
+    parsed = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _json(rows: Iterable[list[Any]]) -> str:
+    return json.dumps(list(rows), ensure_ascii=False, separators=(",", ":"))
+
+
+def _rows(param: str, columns: tuple[tuple[str, str], ...], postgres: bool) -> str:
+    """A subquery of the rows that the JSON array of arrays :param holds."""
+    if postgres:
+        picked = ", ".join(
+            f"CAST(e->>{i} AS {kind}) AS {name}" for i, (name, kind) in enumerate(columns)
+        )
+        return f"(SELECT {picked} FROM jsonb_array_elements(CAST(:{param} AS jsonb)) AS e)"
+    picked = ", ".join(f"value ->> {i} AS {name}" for i, (name, _) in enumerate(columns))
+    return f"(SELECT {picked} FROM json_each(:{param}))"
+
+
+_TXNS = (("key", "text"), ("memo", "text"), ("owner_id", "bigint"), ("instance_id", "bigint"))
+_LEGS = (("key", "text"), ("wallet", "bigint"), ("amount", "bigint"))
+_SEGMENTS = (("id", "bigint"), ("seconds", "bigint"), ("due", "bigint"))
+_TICK_STATEMENTS: tuple[tuple[str, dict[str, tuple[tuple[str, str], ...]]], ...] = (
+    (
+        "INSERT INTO ledger_transactions "
+        "(kind, idempotency_key, memo, user_id, instance_id, created_at) "
+        "SELECT 'usage', b.key, b.memo, b.owner_id, b.instance_id, :now FROM {txns} AS b",
+        {"txns": _TXNS},
+    ),
+    (  # each transaction's two legs: the wallet pays, revenue earns
+        "INSERT INTO ledger_entries (transaction_id, account_id, amount, created_at) "
+        "SELECT t.id, CASE WHEN leg.n = 0 THEN b.wallet ELSE :revenue END, "
+        "CASE WHEN leg.n = 0 THEN -b.amount ELSE b.amount END, :now "
+        "FROM {legs} AS b JOIN ledger_transactions AS t ON t.idempotency_key = b.key "
+        "CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1) AS leg ORDER BY t.id, leg.n",
+        {"legs": _LEGS},
+    ),
+    (
+        "UPDATE usage_segments SET billed_seconds = b.seconds, charged_micro = b.due "
+        "FROM {segments} AS b WHERE usage_segments.id = b.id",
+        {"segments": _SEGMENTS},
+    ),
 )
 
 
