@@ -10,7 +10,7 @@ from pathlib import Path
 from gpulease.envs.build import EnvBuildError, env_python
 from gpulease.runner import safefs
 from gpulease.runner.oneoff import Executor, in_sandbox, on_host
-from gpulease.runner.sandbox import Sandbox, SandboxError
+from gpulease.runner.sandbox import Sandbox, SandboxError, venv_home
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def ensure_layer(
     execute, inside = where(sandbox, layer)
     if sandbox is None:
         _check_real_directories(workspace)
-    home = _venv_home(template_env)
+    home = venv_home(template_env)
     argv = [
         str(env_python(template_env)),
         "-I",
@@ -179,17 +179,3 @@ def _check_real_directories(workspace: Path) -> None:
             f"({exc.message}); remove {LAYER_DIR} from the workspace and start the "
             "instance again"
         ) from exc
-
-
-def _venv_home(env_dir: Path) -> str | None:
-    """pyvenv.cfg's `home` (the base Python's bin directory) of a runner-owned venv (a
-    template's); None when env_dir is no venv."""
-    try:
-        text = (env_dir / "pyvenv.cfg").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "home":
-            return value.strip()
-    return None

@@ -39,7 +39,35 @@ def split_utf8(data: str, limit: int) -> list[tuple[str, int]]:
     return pieces
 
 
-class LogBatcher:
+class Outbox:
+    """What producer threads fill and one sender empties, under one condition: the sender
+    waits until enough is pending (`_full`, asked with the lock held) or the producers are
+    done (`close`). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def _full(self) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """No more will come; wakes a waiting sender."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def wait(self, timeout: float) -> None:
+        """Sleep up to timeout, less once enough is pending or the outbox closes."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or self._full(), timeout=timeout)
+
+
+class LogBatcher(Outbox):
     """The output of one run, written by reader threads and shipped by one reporter.
 
     Writes collect into pending chunks (one stream each, at most max_chunk_bytes); seal()
@@ -49,14 +77,13 @@ class LogBatcher:
     def __init__(
         self, max_chunk_bytes: int = MAX_CHUNK_BYTES, clock: Callable[[], float] = time.time
     ) -> None:
+        super().__init__()
         self._max = max_chunk_bytes
         self._clock = clock
-        self._cond = threading.Condition()
         self._pending: list[_Pending] = []
         self._pending_bytes = 0
         self._unacked: list[RunnerLogChunk] = []
         self._next_seq = 0
-        self._closed = False
 
     def write(self, stream: str, data: str) -> None:
         if not data:
@@ -74,22 +101,8 @@ class LogBatcher:
             if self._pending_bytes >= self._max:
                 self._cond.notify_all()
 
-    def close(self) -> None:
-        """No more writes will come (the run is over); wakes a waiting reporter."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def wait(self, timeout: float) -> None:
-        """Sleep up to timeout, less when a full chunk is pending or the batcher closes."""
-        with self._cond:
-            self._cond.wait_for(
-                lambda: self._closed or self._pending_bytes >= self._max, timeout=timeout
-            )
+    def _full(self) -> bool:  # a full chunk is pending
+        return self._pending_bytes >= self._max
 
     def seal(self) -> None:
         """Turn everything pending into numbered chunks."""

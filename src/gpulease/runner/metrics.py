@@ -23,6 +23,7 @@ from pathlib import Path
 from gpulease.gpus.sampling import GpuReading, GpuSampler, real_uuids
 from gpulease.runner import safefs
 from gpulease.runner.connection import Connection, ServerGone, Unreachable
+from gpulease.runner.logs import Outbox
 from gpulease.runner.sandbox import METRICS_ROOT, SDK_ROOT, Sandbox
 from gpulease.runner.tensorboard import EventDirectoryWatcher
 from gpulease.schemas.metrics import METRIC_KEY, METRIC_KEY_PATTERN
@@ -241,7 +242,7 @@ def _read_regular(path: Path, offset: int) -> bytes:
 # -- one run -----------------------------------------------------------------------------------
 
 
-class RunMetrics:
+class RunMetrics(Outbox):
     """The points of one run from its three sources, kept until the server has them.
 
     on_output() is called by the stdout reader thread; collect(), unsent() and ack() by
@@ -255,9 +256,8 @@ class RunMetrics:
         tensorboard_root: Path | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._cond = threading.Condition()
+        super().__init__()
         self._pending: list[RunnerMetricPoint] = []
-        self._closed = False
         self._stdout = StdoutParser(clock)
         self._sdk = None if sdk_file is None else SdkFileReader(sdk_file)
         self._tensorboard = (
@@ -275,13 +275,7 @@ class RunMetrics:
         if self._closed:
             return
         self._add(self._stdout.finish())  # the reader thread is done with the parser
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+        super().close()
 
     def collect(self, *, force: bool = False) -> None:
         """Read what the SDK file and the TensorBoard files gained (those every second)."""
@@ -313,12 +307,8 @@ class RunMetrics:
             if len(self._pending) >= FLUSH_POINTS:
                 self._cond.notify_all()
 
-    def wait(self, timeout: float) -> None:
-        """Up to timeout, less once FLUSH_POINTS are pending or the run's output is over."""
-        with self._cond:
-            self._cond.wait_for(
-                lambda: self._closed or len(self._pending) >= FLUSH_POINTS, timeout=timeout
-            )
+    def _full(self) -> bool:
+        return len(self._pending) >= FLUSH_POINTS
 
     def unsent(self, limit: int = MAX_POINTS_PER_REQUEST) -> list[RunnerMetricPoint]:
         with self._cond:

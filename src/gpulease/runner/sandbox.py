@@ -241,19 +241,26 @@ def _as_uid(uid: int) -> list[str]:
     ]
 
 
-def python_install(env_dir: Path) -> Path | None:
-    """The Python install a venv runs on: the prefix of pyvenv.cfg's `home` (its `bin`
-    directory's parent). None when env_dir is not a venv."""
+def venv_home(env_dir: Path) -> str | None:
+    """pyvenv.cfg's `home` (the base Python's bin directory) of a runner-owned venv (a
+    template's, never a job's layer); None when env_dir is no venv."""
     try:
         text = (env_dir / "pyvenv.cfg").read_text()
     except OSError:
         return None
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "home":
-            home = Path(value.strip())
-            return home.parent if home.name == "bin" else home
-    return None
+    fields = [line.partition("=") for line in text.splitlines()]
+    homes = [value.strip() for key, sep, value in fields if sep and key.strip() == "home"]
+    return homes[0] if homes else None
+
+
+def python_install(env_dir: Path) -> Path | None:
+    """The Python install a venv runs on: the prefix of pyvenv.cfg's `home` (its `bin`
+    directory's parent). None when env_dir is not a venv."""
+    home = venv_home(env_dir)
+    if home is None:
+        return None
+    path = Path(home)
+    return path.parent if path.name == "bin" else path
 
 
 @dataclass(frozen=True)
