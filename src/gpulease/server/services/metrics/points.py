@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select, text
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import InvalidInput
@@ -20,7 +19,7 @@ from gpulease.schemas.metrics import (
     RunMetrics,
 )
 from gpulease.schemas.runs import RunPublic
-from gpulease.server.orm import Base, MetricPoint, Run
+from gpulease.server.orm import MetricPoint, Run
 from gpulease.server.services.metrics.downsample import min_max_indices
 
 KEY_PATTERN = METRIC_KEY_PATTERN
@@ -36,6 +35,10 @@ _PG_UNNEST_INSERT = text(
     "CAST(:keys AS varchar[]), CAST(:steps AS bigint[]), CAST(:values AS double precision[]), "
     "CAST(:times AS timestamptz[]), CAST(:sources AS varchar[])) AS u(k, s, v, t, src) "
     "ON CONFLICT (run_id, source, key, step) DO NOTHING"
+)
+_SQLITE_INSERT = (
+    "INSERT INTO metric_points (run_id, key, step, value, time, source) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, source, key, step) DO NOTHING"
 )
 
 
@@ -76,41 +79,44 @@ def ingest_points(session: Session, run: Run, points: Sequence[PointIn]) -> int:
     retried batch stores nothing twice. Any invalid point refuses the whole batch."""
     if len(points) > MAX_BATCH:
         raise InvalidInput(f"{len(points)} points in one batch; send at most {MAX_BATCH}")
-    rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+    seen: set[tuple[str, str, int]] = set()
+    keys: list[str] = []
+    steps: list[int] = []
+    values: list[float] = []
+    times: list[datetime] = []
+    sources: list[str] = []
     for i, p in enumerate(points):
         _check(i, p)
-        rows.setdefault(
-            (p.source, p.key, p.step),
-            {
-                "run_id": run.id,
-                "key": p.key,
-                "step": p.step,
-                "value": float(p.value),
-                "time": datetime.fromtimestamp(p.time, UTC),
-                "source": p.source,
-            },
-        )
-    if not rows:
+        identity = (p.source, p.key, p.step)
+        if identity in seen:
+            continue  # the first of a batch's repeats is the one kept
+        seen.add(identity)
+        keys.append(p.key)
+        steps.append(p.step)
+        values.append(float(p.value))
+        times.append(datetime.fromtimestamp(p.time, UTC))
+        sources.append(p.source)
+    if not keys:
         return 0
-    values = list(rows.values())
     if session.get_bind().dialect.name == "postgresql":
         # one statement over arrays: several times faster than a multi-row VALUES
         result = session.execute(
             _PG_UNNEST_INSERT,
             {
                 "run_id": run.id,
-                "keys": [r["key"] for r in values],
-                "steps": [r["step"] for r in values],
-                "values": [r["value"] for r in values],
-                "times": [r["time"] for r in values],
-                "sources": [r["source"] for r in values],
+                "keys": keys,
+                "steps": steps,
+                "values": values,
+                "times": times,
+                "sources": sources,
             },
         )
-    else:
-        statement = sqlite.insert(Base.metadata.tables["metric_points"]).on_conflict_do_nothing(
-            index_elements=["run_id", "source", "key", "step"]
-        )
-        result = session.connection().execute(statement, values)
+        return max(int(getattr(result, "rowcount", 0)), 0)
+    # SQLite: the driver's executemany of plain tuples, times as UTCDateTime writes them
+    # (naive UTC, "YYYY-MM-DD HH:MM:SS.ffffff"), without SQLAlchemy's per-row processing
+    stamps = [t.replace(tzinfo=None).isoformat(" ", "microseconds") for t in times]
+    rows = [(run.id, *row) for row in zip(keys, steps, values, stamps, sources, strict=True)]
+    result = session.connection().exec_driver_sql(_SQLITE_INSERT, rows)
     return max(int(getattr(result, "rowcount", 0)), 0)
 
 
