@@ -41,15 +41,8 @@ typecheck:
 pytest:
 	$(BIN)/pytest
 
-bench: setup-dev
-	$(BIN)/python benchmarks/launch_latency.py
-	$(BIN)/python benchmarks/dataset_push.py
-	$(BIN)/python benchmarks/billing_tick.py
-	$(BIN)/python benchmarks/metrics_ingest.py
-	$(BIN)/python benchmarks/terminal_ready.py
-	$(BIN)/python benchmarks/stop_latency.py
-	$(BIN)/python benchmarks/scheduler_tick.py
-	$(BIN)/python benchmarks/ray_launch_latency.py
+bench: setup-dev  # every benchmark; the table of figures goes to bench-report.md
+	$(BIN)/python benchmarks/report.py --out bench-report.md
 
 clean:
 	rm -rf $(VENV) .cache test-artifacts .pytest_cache .mypy_cache .ruff_cache

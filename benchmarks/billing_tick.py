@@ -15,12 +15,15 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
+from results import emit
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine, insert, text
 
 from gpulease.server.db import make_engine, make_sessionmaker, migrate, transaction, utcnow
 from gpulease.server.orm import Instance, Notification, UsageSegment, User
+
+TARGET = 3.0
 
 
 def prepare(url: str, n: int) -> None:
@@ -106,7 +109,7 @@ def bulk_insert_ms(url: str, n: int, rounds: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pg", default="postgresql+psycopg://root@127.0.0.1:5432/test")
     args = parser.parse_args()
     console = Console()
@@ -132,6 +135,14 @@ def main() -> None:
                     inserts = bulk_insert_ms(url, args.n, args.rounds)
                 t, b = statistics.median(ticks), statistics.median(inserts)
                 table.add_row(label, f"{t:,.0f}", f"{b:,.0f}", f"{t / b:.1f}×")
+                emit(
+                    f"billing tick, {args.n:,} running instances ({label})",
+                    f"{t:,.0f} ms",
+                    f"bulk insert of {args.n:,} rows {b:,.0f} ms",
+                    f"{t / b:.1f}×",
+                    f"<= {TARGET:.0f}×",
+                    t / b <= TARGET,
+                )
         finally:
             for _, _, db in targets:
                 if db:

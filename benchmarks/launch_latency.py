@@ -23,7 +23,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from results import emit
+
 from processes import BIN, Platform, free_port  # noqa: E402
+
+TARGETS = {"gpulease exec, running instance": 15.0}
 
 
 def first_line_seconds(argv: list[str], env: dict[str, str] | None = None) -> float:
@@ -145,6 +149,16 @@ def main() -> None:
         med = statistics.median(samples)
         p90 = statistics.quantiles(samples, n=10)[-1] if len(samples) > 1 else med
         table.add_row(label, f"{med:.3f}", f"{p90:.3f}", f"{med / base:.1f}")
+        if samples is not baseline:
+            target = TARGETS.get(label)
+            emit(
+                f"{label} → first output line",
+                f"{med:.3f} s",
+                f"python -c print {base:.3f} s",
+                f"{med / base:.1f}×",
+                f"<= {target:.0f}×" if target else "",
+                med / base <= target if target else None,
+            )
     console.print(table)
 
 

@@ -1,46 +1,56 @@
 """Metrics: points ingested per second through the runner API, and the delay from a point
 POSTed by a runner to the SSE client that shows it.
 
-Measured against a real server process on this host (SQLite; PostgreSQL too when
-GPULEASE_TEST_PG reaches one), with a real runner serving a `sleep` run on the local backend:
-this script posts as that runner (with its token), as the runner's metrics shipper does.
+Measured against real server processes on this host (SQLite; PostgreSQL too when
+GPULEASE_TEST_PG reaches one):
 
-- ingest: `POST /runner/v1/runs/{id}/metrics` with --batch points (default 1,000) per
-  request, beside an empty batch through the same route in the same run (the cost of any
-  authenticated request: HTTP, token lookup, one transaction).
-- delay: one point POSTed → its `metric` event read by a client of
-  `GET /api/v1/runs/{id}/stream`, and the whole path from `track.log` in a run (the SDK's
-  line, the runner's batch every 0.5 s, the POST, the stream) to that client, each beside a
-  round trip over a local TCP socket.
+- ingest and POST → SSE delay: a server whose backend hands the launch spec over instead of
+  starting a runner (benchmarks/handoff_server.py); this script is that runner, over the
+  real protocol: the spec's launch secret opens its own session (POST /session, as
+  runner/connection.py does), then /ready, /commands, /runs/{id}/started, and
+  `POST /runner/v1/runs/{id}/metrics` over the server's Unix socket with --batch points
+  (default 1,000) per request, beside an empty batch through the same route in the same
+  run (the cost of any authenticated request: HTTP, token lookup, one transaction).
+- the whole path from `track.log` in a run (the SDK's line, the runner's batch every
+  0.5 s, the POST, the stream) to an SSE client, on a `gpulease server` with a real runner
+  (local backend, sandboxed), beside a round trip over a local TCP socket.
 
-    .venv/bin/python benchmarks/metrics_ingest.py [-n 30] [--batch 1000]
+    .venv/bin/python benchmarks/metrics_ingest.py [-n 30] [--batch 1000] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
 import shlex
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from results import emit
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine, text
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from gpulease.client import GpuleaseClient  # noqa: E402
-from gpulease.client.runstream import parse_sse  # noqa: E402
+from gpulease.client import GpuleaseClient
+from gpulease.client.runstream import parse_sse
+from gpulease.runner.connection import Connection
+from gpulease.schemas.instances import InstanceCreate
+from gpulease.schemas.runner import RUNNER_API, RunnerSpec
 from gpulease.schemas.runs import RunCreate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from processes import Platform, free_port  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("GPULEASE_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
@@ -73,31 +83,80 @@ def socket_round_trips(n: int) -> list[float]:
     return samples
 
 
-class Bench:
-    """One platform with a running instance, a `sleep` run and its runner's token."""
+class HandoffPlatform(Platform):
+    """A Platform whose server is benchmarks/handoff_server.py: launches leave their spec in
+    spec_dir for this script to play the runner."""
 
-    def __init__(self, platform: Platform) -> None:
+    @property
+    def spec_dir(self) -> Path:
+        return self.home.parent / "specs"
+
+    def start(self) -> None:
+        script = Path(__file__).with_name("handoff_server.py")
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script), str(self.spec_dir)],
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        for _ in range(300):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server did not come up: {self.log_path.read_text()[-3000:]}")
+
+
+class Bench:
+    """One instance whose runner is this script (the spec's launch secret, then a session
+    of its own, as runner/connection.py does), with a run that it reports started."""
+
+    def __init__(self, platform: HandoffPlatform) -> None:
         self.platform = platform
         platform.cli(
             "register", "--server", platform.url, "--name", "bench", "--password", "password-123"
         )
-        platform.cli(
-            "instance", "create", "--gpu", "T4:1", "--template", "python", "--name", "box", "--wait"
-        )
         self.user_token = str(json.loads(platform.config.read_text())["token"])
-        specs = list((platform.home / "runners").glob("*/spec.json"))
-        assert len(specs) == 1, specs
-        self.runner_token = str(json.loads(specs[0].read_text())["token"])
         self.client = GpuleaseClient(platform.url, self.user_token)
-        self.run_id = self.client.runs.create("box", RunCreate(command="sleep 3600")).id
-        while self.client.runs.get(self.run_id).status != "running":
-            time.sleep(0.1)
-        self.http = httpx.Client(
-            base_url=platform.url,
-            headers={"Authorization": f"Bearer {self.runner_token}"},
-            timeout=60,
+        box = self.client.instances.create(
+            InstanceCreate(name="box", gpu="T4:1", template="python")
         )
+        spec_file = platform.spec_dir / f"{box.id}.json"
+        for _ in range(600):
+            if spec_file.exists():
+                break
+            time.sleep(0.1)
+        spec = RunnerSpec.from_json(spec_file.read_text())
+        self.runner = Connection(
+            spec.server_url,
+            spec.token,
+            on_stop=lambda reason: None,
+            server_certificate=spec.server_certificate,
+            server_socket=spec.server_socket,
+        )
+        self.runner.open_session()
+        self.runner.call("POST", f"{RUNNER_API}/ready", json={"pid": os.getpid()})
+        self.run_id = self.client.runs.create("box", RunCreate(command="sleep 3600")).id
+        while not self._commanded():
+            pass
+        started = self.runner.call("POST", f"{RUNNER_API}/runs/{self.run_id}/started", json={})
+        assert started.status_code == 204, started.text
+        self._alive = threading.Event()
+        threading.Thread(target=self._heartbeats, daemon=True).start()
         self.step = 0
+
+    def _commanded(self) -> bool:
+        r = self.runner.call("GET", f"{RUNNER_API}/commands", params={"wait": 5})
+        return any(run["id"] == self.run_id for run in r.json()["runs"])
+
+    def _heartbeats(self) -> None:
+        body = {"running_runs": [self.run_id]}
+        while not self._alive.wait(1.0):
+            self.runner.call("POST", f"{RUNNER_API}/heartbeat", json=body)
 
     def post(self, count: int) -> float:
         points = [
@@ -111,8 +170,9 @@ class Bench:
             for i in range(count)
         ]
         self.step += count
+        path = f"{RUNNER_API}/runs/{self.run_id}/metrics"
         started = time.perf_counter()
-        r = self.http.post(f"/runner/v1/runs/{self.run_id}/metrics", json={"points": points})
+        r = self.runner.call("POST", path, json={"points": points})
         elapsed = time.perf_counter() - started
         assert r.status_code == 204, r.text
         return elapsed
@@ -153,48 +213,58 @@ class Bench:
         self.post(1)  # wakes the listener so that it sees stop
         return samples
 
-    def track_delays(self, n: int) -> list[float]:
-        """Seconds from `track.log` in a run to its point arriving on an SSE client: the
-        whole path (the SDK's line, the runner's batch, the POST, the server, the stream).
-        The run logs its own time.time() as the value; both ends read this host's clock."""
-        script = (
-            "import time\nfrom gpulease import track\n"
-            f"for i in range({n}):\n"
-            "    track.log(step=i, sent=time.time())\n"
-            "    time.sleep(0.3)\n"
-        )
-        run_id = self.client.runs.create(
-            "box", RunCreate(command="python -c " + shlex.quote(script))
-        ).id
-        samples: list[float] = []
-        headers = {"Authorization": f"Bearer {self.user_token}"}
-        params = {"since": "-1:0", "logs": "false"}
-        url = f"{self.platform.url}/api/v1/runs/{run_id}/stream"
-        with httpx.stream("GET", url, params=params, headers=headers, timeout=120) as r:
-            for message in parse_sse(r.iter_lines()):
-                now = time.time()
-                if message.event == "metric":
-                    for p in json.loads(message.data)["points"]:
-                        if p["key"] == "sent":
-                            samples.append(now - float(p["value"]))
-                if message.event == "end" or len(samples) >= n:
-                    break
-        assert len(samples) == n, f"got {len(samples)} of {n} points from the run"
-        return samples
-
     def close(self) -> None:
-        self.http.close()
+        self._alive.set()
+        self.runner.close()
         self.client.close()
 
 
-def measure(
-    console: Console, label: str, database_url: str, n: int, batch: int
-) -> list[tuple[str, list[float], str]]:
+def track_delays(platform: Platform, n: int) -> list[float]:
+    """Seconds from `track.log` in a run to its point arriving on an SSE client: the whole
+    path (the SDK's line, the runner's batch, the POST, the server, the stream), on an
+    instance with a real runner. The run logs its own time.time() as the value; both ends
+    read this host's clock."""
+    platform.cli(
+        "register", "--server", platform.url, "--name", "bench", "--password", "password-123"
+    )
+    platform.cli(
+        "instance", "create", "--gpu", "T4:1", "--template", "python", "--name", "box", "--wait"
+    )
+    user_token = str(json.loads(platform.config.read_text())["token"])
+    script = (
+        "import time\nfrom gpulease import track\n"
+        f"for i in range({n}):\n"
+        "    track.log(step=i, sent=time.time())\n"
+        "    time.sleep(0.3)\n"
+    )
+    with GpuleaseClient(platform.url, user_token) as client:
+        run_id = client.runs.create("box", RunCreate(command="python -c " + shlex.quote(script))).id
+    samples: list[float] = []
+    headers = {"Authorization": f"Bearer {user_token}"}
+    params = {"since": "-1:0", "logs": "false"}
+    url = f"{platform.url}/api/v1/runs/{run_id}/stream"
+    with httpx.stream("GET", url, params=params, headers=headers, timeout=120) as r:
+        for message in parse_sse(r.iter_lines()):
+            now = time.time()
+            if message.event == "metric":
+                for p in json.loads(message.data)["points"]:
+                    if p["key"] == "sent":
+                        samples.append(now - float(p["value"]))
+            if message.event == "end" or len(samples) >= n:
+                break
+    assert len(samples) == n, f"got {len(samples)} of {n} points from the run"
+    return samples
+
+
+@contextlib.contextmanager
+def started(kind: type[Platform], postgres: bool) -> Iterator[Platform]:
+    """A started platform of that kind on a database of its own; stopped and dropped after."""
+    pg = pg_database() if postgres else None
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        platform = Platform(
+        platform = kind(
             home=root / "home",
-            database_url=database_url.replace("{root}", str(root)),
+            database_url=pg[0] if pg else f"sqlite:///{root}/home/gpulease.db",
             port=free_port(),
             simulated="T4:1",
             log_path=root / "server.log",
@@ -202,34 +272,49 @@ def measure(
         )
         platform.start()
         try:
-            with console.status(f"{label}: starting an instance (builds the python template once)"):
-                bench = Bench(platform)
-            with console.status(f"{label}: ingest"):
-                bench.post(batch)  # warm up
-                empty = [bench.post(0) for _ in range(n)]
-                full = [bench.post(batch) for _ in range(n)]
-            with console.status(f"{label}: delay to an SSE client"):
-                delays = bench.delays(n)
-            with console.status(f"{label}: delay from track.log in a run to an SSE client"):
-                track_delays = bench.track_delays(n)
-            bench.close()
+            yield platform
         finally:
             platform.end_runners()
             platform.stop()
+            if pg:
+                drop_pg(pg[1])
+
+
+def measure(
+    console: Console, label: str, postgres: bool, n: int, batch: int
+) -> list[tuple[str, list[float]]]:
+    with started(HandoffPlatform, postgres) as platform:
+        bench = Bench(platform)
+        with console.status(f"{label}: ingest"):
+            bench.post(batch)  # warm up
+            empty, full = [], []
+            for _ in range(n):  # interleaved, so that load on the host falls on both alike
+                empty.append(bench.post(0))
+                full.append(bench.post(batch))
+        with console.status(f"{label}: delay to an SSE client"):
+            delays = bench.delays(n)
+        bench.close()
+    with (
+        console.status(f"{label}: delay from track.log in a run to an SSE client"),
+        started(Platform, postgres) as platform,
+    ):
+        tracked = track_delays(platform, n)
     return [
-        (f"{label}: empty batch request (baseline)", empty, "s"),
-        (f"{label}: batch of {batch} points", full, "s"),
-        (f"{label}: point POSTed → SSE event", delays, "s"),
-        (f"{label}: track.log in a run → SSE event", track_delays, "s"),
+        (f"{label}: empty batch request (baseline)", empty),
+        (f"{label}: batch of {batch} points", full),
+        (f"{label}: point POSTed → SSE event", delays),
+        (f"{label}: track.log in a run → SSE event", tracked),
     ]
 
 
-def pg_database() -> tuple[str, str] | None:
+def pg_database(*, probe: bool = False) -> tuple[str, str] | None:
+    """A new database (url, name) on the PostgreSQL server, or None when none answers;
+    probe: only ask whether one answers."""
     try:
         admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
         name = f"gpulease_bench_{uuid.uuid4().hex[:8]}"
         with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
+            conn.execute(text("SELECT 1" if probe else f'CREATE DATABASE "{name}"'))
         admin.dispose()
     except Exception:
         return None
@@ -250,21 +335,20 @@ def drop_pg(name: str) -> None:
     admin.dispose()
 
 
+TARGET_POINTS_S = 100_000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=30)
     parser.add_argument("--batch", type=int, default=1000)
     args = parser.parse_args()
     console = Console()
-    rows = measure(console, "SQLite", "sqlite:///{root}/home/gpulease.db", args.n, args.batch)
-    pg = pg_database()
-    if pg is None:
+    rows = measure(console, "SQLite", False, args.n, args.batch)
+    if pg_database(probe=True) is None:
         console.print(f"[dim]PostgreSQL not reachable at {PG_ADMIN_URL}: SQLite only[/dim]")
     else:
-        try:
-            rows += measure(console, "PostgreSQL", pg[0], args.n, args.batch)
-        finally:
-            drop_pg(pg[1])
+        rows += measure(console, "PostgreSQL", True, args.n, args.batch)
     socket_rt = socket_round_trips(max(args.n, 100))
 
     table = Table(title=f"metrics ingest and delivery, median of {args.n} (this host)")
@@ -279,20 +363,36 @@ def main() -> None:
         "1.0",
     )
     base_empty = 0.0
-    for label, samples, _ in rows:
+    for label, samples in rows:
         med = statistics.median(samples)
         p90 = statistics.quantiles(samples, n=10)[-1] if len(samples) > 1 else med
         if "baseline" in label:
             base_empty = med
             table.add_row(label, f"{med * 1000:.2f}", f"{p90 * 1000:.2f}", "", "1.0")
         elif "points" in label:
-            rate = f"{args.batch / med:,.0f}"
+            rate = args.batch / med
+            ratio = med / base_empty
             table.add_row(
-                label, f"{med * 1000:.2f}", f"{p90 * 1000:.2f}", rate, f"{med / base_empty:.1f}"
+                label, f"{med * 1000:.2f}", f"{p90 * 1000:.2f}", f"{rate:,.0f}", f"{ratio:.1f}"
+            )
+            emit(
+                f"metric ingest, batches of {args.batch:,} ({label.split(':')[0]})",
+                f"{rate:,.0f} points/s ({med * 1000:.1f} ms a batch)",
+                f"empty request {base_empty * 1000:.1f} ms",
+                f"{ratio:.1f}× the empty request",
+                f">= {TARGET_POINTS_S:,} points/s",
+                rate >= TARGET_POINTS_S,
             )
         else:
-            table.add_row(
-                label, f"{med * 1000:.2f}", f"{p90 * 1000:.2f}", "", f"{med / base_socket:.0f}"
+            ratio = med / base_socket
+            table.add_row(label, f"{med * 1000:.2f}", f"{p90 * 1000:.2f}", "", f"{ratio:.0f}")
+            emit(
+                label,
+                f"{med * 1000:.1f} ms",
+                f"TCP round trip {base_socket * 1000:.3f} ms",
+                f"{ratio:,.0f}×",
+                "",
+                None,
             )
     console.print(table)
 

@@ -28,6 +28,8 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from results import emit
+
 from gpulease.runner.sandbox import probe  # noqa: E402
 from processes import BIN, Platform, free_port  # noqa: E402
 
@@ -200,6 +202,15 @@ def main() -> None:
     ]
     for label, samples in rows:
         print(f"{label:44} {median(samples):9.2f} {median(samples) / base:17.1f}")
+        if samples is not bare:
+            emit(
+                label,
+                f"{median(samples):.2f} s",
+                f"python -c pass {base:.3f} s",
+                f"{median(samples) / base:.1f}×",
+                "",
+                None,
+            )
 
 
 if __name__ == "__main__":
