@@ -187,19 +187,6 @@ def read_tail(
         return read_fd(fd, limit, max(0, size - limit))
 
 
-def read_text(
-    root: Path | int,
-    relative: str | PurePosixPath | Path,
-    *,
-    limit: int,
-    single_link: bool = False,
-) -> str:
-    """The start (at most limit bytes) of root/relative as text; undecodable bytes are
-    replaced."""
-    data = read_bytes(root, relative, limit=limit, single_link=single_link)
-    return data.decode("utf-8", errors="replace")
-
-
 def write_replace(
     root: Path | int,
     relative: str | PurePosixPath | Path,
