@@ -144,20 +144,17 @@ class AuthGuard:
         self._failed.append(FailedLogin(self.now(), name[:64], address, reason))
         log.warning("failed login for %r from %s: %s", name[:64], address, reason)
 
+    def _refuse_address(self, what: str, window: SlidingWindow, address: str) -> None:
+        self._refuse(f"{what} from your address", window.retry_after(address_key(address)))
+
     def check_registration(self, address: str) -> None:
-        self._refuse(
-            "accounts registered from your address",
-            self.registrations.retry_after(address_key(address)),
-        )
+        self._refuse_address("accounts registered", self.registrations, address)
 
     def registered(self, address: str) -> None:
         self.registrations.hit(address_key(address))
 
     def check_token(self, address: str) -> None:
-        self._refuse(
-            "requests with an invalid token from your address",
-            self.bad_tokens.retry_after(address_key(address)),
-        )
+        self._refuse_address("requests with an invalid token", self.bad_tokens, address)
 
     def token_failed(self, address: str) -> None:
         self.bad_tokens.hit(address_key(address))
