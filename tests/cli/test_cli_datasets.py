@@ -23,7 +23,11 @@ def test_push_ls_show_rm(cli: Cli, tmp_path: Path) -> None:
             "dataset", "push", str(tmp_path / "cat_images"), "--name", "cat_images", "-o", "json"
         ).stdout
     )
-    assert again["sent_bytes"] == 0 and again["dataset"]["current_version"] == 2
+    # the same files: nothing sent, no new version
+    assert again["sent_bytes"] == 0 and again["dataset"]["current_version"] == 1
+    (tmp_path / "cat_images" / "class_0" / "img_00000.bin").write_bytes(b"changed")
+    changed = cli("dataset", "push", str(tmp_path / "cat_images"))
+    assert "pushed cat_images v2: 50 files" in changed.stdout
 
     listing = cli("dataset", "ls")
     assert "cat_images" in listing.stdout and "v2" in listing.stdout and "50" in listing.stdout

@@ -115,8 +115,17 @@ def push(
                 "sent_chunks": result.sent_chunks,
                 "sent_bytes": result.sent_bytes,
                 "index_hits": result.index_hits,
+                "unchanged": result.unchanged,
                 "seconds": round(result.seconds, 3),
             }
+        )
+        return
+    if result.unchanged:
+        console().print(
+            f"{result.dataset.name} v{result.dataset.current_version} already holds these "
+            f"{result.files:,} files ({format_bytes(result.size)}): nothing to push "
+            f"({result.seconds:.2f} s)",
+            markup=False,
         )
         return
     rate = result.files / max(result.seconds, 1e-6)

@@ -6,6 +6,11 @@ reads and hashes nothing. It is only a cache: the server still says which chunks
 and those are read again and checked against their hash before they are sent; a missing,
 unreadable or corrupt index just means every file is hashed.
 
+Beside the per-file entries it keeps one record of the whole tree as last pushed: a digest
+of every path and stat, and the digest of the manifest they made (core/datasets.py). A tree
+whose scan gives the same digest is, without looking at a single entry, the manifest the
+server may already hold; the push is then one comparison with the server.
+
 One SQLite file per server and dataset, under `$XDG_CACHE_HOME/gpulease/push-index/`
 (`~/.cache` without it).
 """
@@ -13,6 +18,7 @@ One SQLite file per server and dataset, under `$XDG_CACHE_HOME/gpulease/push-ind
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -20,8 +26,8 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +44,18 @@ CREATE TABLE IF NOT EXISTS files (
     device INTEGER NOT NULL,
     hashed_ns INTEGER NOT NULL,
     chunks TEXT NOT NULL
-)
+);
+CREATE TABLE IF NOT EXISTS tree (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    scan TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    newest_ns INTEGER NOT NULL,
+    hashed_ns INTEGER NOT NULL
+);
 """
 
 
-@dataclass(frozen=True)
-class FileStat:
+class FileStat(NamedTuple):  # a tuple: 100,000 of them are made per scan
     size: int
     mtime_ns: int
     ctime_ns: int
@@ -53,6 +65,21 @@ class FileStat:
     @classmethod
     def of(cls, info: os.stat_result) -> FileStat:
         return cls(info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
+
+    @property
+    def changed_ns(self) -> int:
+        return max(self.mtime_ns, self.ctime_ns)
+
+
+def scan_digest(files: Iterable[tuple[str, FileStat]]) -> tuple[str, int]:
+    """A digest of every (path, stat) of a scanned tree, in the order given, and the newest
+    change time among them."""
+    lines = []
+    newest = 0
+    for path, s in files:
+        lines.append(f"{path}\0{s.size}\0{s.mtime_ns}\0{s.ctime_ns}\0{s.inode}\0{s.device}\n")
+        newest = max(newest, s.mtime_ns, s.ctime_ns)
+    return hashlib.sha256("".join(lines).encode()).hexdigest(), newest
 
 
 def cache_home() -> Path:
@@ -67,14 +94,16 @@ def index_path(server_url: str, dataset: str) -> Path:
 
 
 class PushIndex:
-    """Thread-safe. lookup() answers from memory (loaded at open); record() and prune()
-    write through, so an interrupted push keeps what it hashed."""
+    """Thread-safe. lookup() answers from memory (the entries are loaded at its first call,
+    so a push that the tree record settles never loads them); record() and prune() write
+    through, so an interrupted push keeps what it hashed."""
 
     def __init__(self, path: Path, *, clock_ns: Callable[[], int] = time.time_ns) -> None:
         self.path = path
         self._clock = clock_ns
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[FileStat, int, list[str]]] = {}
+        self._loaded = False
         self._db: sqlite3.Connection | None = None
         try:
             self._db = self._open()
@@ -93,16 +122,53 @@ class PushIndex:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
-            db.execute(_SCHEMA)
-            for path, size, mtime, ctime, inode, device, hashed, chunks in db.execute(
-                "SELECT path, size, mtime_ns, ctime_ns, inode, device, hashed_ns, chunks FROM files"
-            ):
-                stat = FileStat(size, mtime, ctime, inode, device)
-                self._entries[path] = (stat, hashed, chunks.split(",") if chunks else [])
+            db.executescript(_SCHEMA)
         except BaseException:
             db.close()
             raise
         return db
+
+    def _load(self) -> None:
+        """Read every entry into memory (once; called under the lock)."""
+        if self._loaded:
+            return
+        self._loaded = True
+        if self._db is None:
+            return
+        try:
+            for path, size, mtime, ctime, inode, device, hashed, chunks in self._db.execute(
+                "SELECT path, size, mtime_ns, ctime_ns, inode, device, hashed_ns, chunks FROM files"
+            ):
+                stat = FileStat(size, mtime, ctime, inode, device)
+                self._entries.setdefault(path, (stat, hashed, chunks.split(",") if chunks else []))
+        except sqlite3.Error as exc:
+            log.warning(
+                "push index %s unreadable (%s); hashing what it cannot vouch for", self.path, exc
+            )
+
+    def tree_manifest(self, scan: str, newest_ns: int) -> str | None:
+        """The manifest digest of the tree last recorded with this scan digest, or None (a
+        different tree, or one changed too close to when it was recorded to be trusted)."""
+        if self._db is None:
+            return None
+        with self._lock:
+            try:
+                row = self._db.execute(
+                    "SELECT scan, manifest, newest_ns, hashed_ns FROM tree WHERE id = 1"
+                ).fetchone()
+            except sqlite3.Error:
+                return None
+        if row is None or row[0] != scan or row[2] != newest_ns or newest_ns > row[3] - RACY_NS:
+            return None
+        return str(row[1])
+
+    def record_tree(self, scan: str, newest_ns: int, manifest: str) -> None:
+        """Remember that the tree with this scan digest made this manifest, as of now."""
+        with self._lock:
+            self._write(
+                "INSERT OR REPLACE INTO tree VALUES (1, ?, ?, ?, ?)",
+                [(scan, manifest, newest_ns, self._clock())],
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -110,13 +176,22 @@ class PushIndex:
                 self._db.close()
                 self._db = None
 
+    def paths(self) -> set[str]:
+        """The paths it has an entry for."""
+        with self._lock:
+            self._load()
+            return set(self._entries)
+
     def lookup(self, path: str, stat: FileStat) -> list[str] | None:
         """The chunk hashes path held when it had stat, or None (hash it)."""
+        if not self._loaded:
+            with self._lock:
+                self._load()
         entry = self._entries.get(path)
         if entry is None:
             return None
         recorded, hashed_ns, chunks = entry
-        if recorded != stat or max(stat.mtime_ns, stat.ctime_ns) > hashed_ns - RACY_NS:
+        if recorded != stat or stat.changed_ns > hashed_ns - RACY_NS:
             return None
         return chunks
 
@@ -139,10 +214,12 @@ class PushIndex:
         with self._lock:
             self._entries.pop(path, None)
             self._write("DELETE FROM files WHERE path = ?", [(path,)])
+            self._write("DELETE FROM tree", [()])
 
     def prune(self, keep: set[str]) -> None:
         """Forget every path not in keep (files gone from the tree)."""
         with self._lock:
+            self._load()
             gone = [path for path in self._entries if path not in keep]
             for path in gone:
                 del self._entries[path]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
-from pathlib import PurePosixPath
+from collections.abc import Iterable, Sequence
 
 from gpulease.core.errors import InvalidInput
 
@@ -33,7 +34,7 @@ def path_problem(path: str) -> str | None:
     for char in () if plain else path:
         if unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp") or char == "\\":
             return f"it contains the character {char!r} (a control character, not UTF-8, or \\)"
-    if path.startswith("/") or PurePosixPath(path).is_absolute():
+    if path.startswith("/"):
         return "it is an absolute path"
     parts = path.split("/")
     if ".." in parts:
@@ -80,3 +81,13 @@ def format_bytes(count: int | float) -> str:
             return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
         value /= 1000
     raise AssertionError("not reached")
+
+
+def manifest_digest(files: Iterable[tuple[str, int, Sequence[str]]]) -> str:
+    """The SHA-256 (hex) that names a version's content: its (path, size, chunk hashes), in
+    path order. Client and server compute it alike, so that a push of a tree the server
+    already holds as the current version is one comparison of two digests."""
+    digest = hashlib.sha256()
+    lines = [f"{path}\0{size}\0{','.join(chunks)}\n" for path, size, chunks in files]
+    digest.update("".join(lines).encode())
+    return digest.hexdigest()

@@ -23,9 +23,10 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -177,9 +178,8 @@ def _remove_tree(path: Path) -> None:
 
 
 def _make_read_only(root: Path) -> None:
-    for directory, _, names in os.walk(root, topdown=False):
-        for name in names:
-            os.chmod(os.path.join(directory, name), 0o444)
+    """Directories become read-only (files were made read-only: _TreeWriter)."""
+    for directory, _, _ in os.walk(root, topdown=False):
         os.chmod(directory, 0o555)
 
 
@@ -233,26 +233,29 @@ def _batches(files: list[_File]) -> Iterator[list[tuple[int, str, int]]]:
 
 class _TreeWriter:
     """Writes the files of a manifest in order as their chunks arrive; a file without
-    chunks (empty) is created when the writer passes it."""
+    chunks (empty) is created when the writer passes it. Files are made read-only (0444)
+    as they are created: writing through the descriptor that made them still works."""
 
     def __init__(self, root: Path, files: list[_File]) -> None:
-        self.root = root
+        self.root = os.fspath(root)
         self.files = files
         self.next = 0  # the first file not opened yet
-        self.current: IO[bytes] | None = None
+        self.current: int | None = None  # the descriptor of the file being written
         self.current_index = -1
+        self._made = {self.root}
 
-    def _open(self, index: int) -> IO[bytes]:
-        target = self.root / self.files[index].path
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return target.open("xb")
+    def _open(self, index: int) -> int:
+        target = f"{self.root}/{self.files[index].path}"
+        parent = target.rsplit("/", 1)[0]
+        if parent not in self._made:
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+            self._made.add(parent)
+        return os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
 
     def _advance_to(self, index: int) -> None:
-        if self.current is not None:
-            self.current.close()
-            self.current = None
+        self.close()
         while self.next < index:
-            self._open(self.next).close()  # files between hold no chunks: empty
+            os.close(self._open(self.next))  # files between hold no chunks: empty
             self.next += 1
         if index < len(self.files):
             self.current = self._open(index)
@@ -263,10 +266,17 @@ class _TreeWriter:
         if index != self.current_index:
             self._advance_to(index)
         assert self.current is not None
-        self.current.write(data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.current, view) :]
 
     def finish(self) -> None:
         self._advance_to(len(self.files))
+
+    def close(self) -> None:
+        if self.current is not None:
+            os.close(self.current)
+            self.current = None
 
 
 def _build(
@@ -283,16 +293,27 @@ def _build(
     done = 0
     started = last = time.monotonic()
     path = f"{API}/{mount.dataset_id}/versions/{mount.version}/chunks"
+
+    def fetch(batch: list[tuple[int, str, int]]) -> tuple[list[str], bytes]:
+        wanted = list(dict.fromkeys(sha for _, sha, _ in batch))
+        response = connection.call("POST", path, json={"chunks": wanted}, timeout=300)
+        if response.status_code != 200:
+            raise DatasetError(
+                f"fetching {what}: the server answered HTTP {response.status_code}: "
+                f"{response.text[:300]}"
+            )
+        return wanted, response.content
+
+    ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-fetch")
     try:
-        for batch in _batches(files):
-            wanted = list(dict.fromkeys(sha for _, sha, _ in batch))
-            response = connection.call("POST", path, json={"chunks": wanted}, timeout=300)
-            if response.status_code != 200:
-                raise DatasetError(
-                    f"fetching {what}: the server answered HTTP {response.status_code}: "
-                    f"{response.text[:300]}"
-                )
-            plain = _open_chunks(response.content, keys, mount.owner_id, wanted, what)
+        batches = list(_batches(files))
+        coming = ahead.submit(fetch, batches[0]) if batches else None
+        for number, batch in enumerate(batches):
+            assert coming is not None
+            wanted, body = coming.result()
+            if number + 1 < len(batches):  # the next request is on its way meanwhile
+                coming = ahead.submit(fetch, batches[number + 1])
+            plain = _open_chunks(body, keys, mount.owner_id, wanted, what)
             for index, sha, length in batch:
                 data = plain[sha]
                 if len(data) != length:
@@ -306,8 +327,8 @@ def _build(
                 progress(f"fetching {what}: {done * 100 // max(total, 1)}% ({rate:.0f} MB/s)")
         writer.finish()
     finally:
-        if writer.current is not None:
-            writer.current.close()
+        ahead.shutdown(wait=True, cancel_futures=True)
+        writer.close()
 
 
 def _open_chunks(

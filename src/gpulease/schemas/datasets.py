@@ -44,6 +44,15 @@ class DatasetUploadPublic(Model):
     updated_at: datetime
 
 
+class DatasetCurrent(BaseModel):
+    """A dataset's current version, and the digest of its manifest (core/datasets.py
+    manifest_digest; None for a version committed before digests were kept): a client whose
+    tree has this digest has nothing to push."""
+
+    dataset: DatasetPublic
+    manifest_sha256: str | None
+
+
 class DatasetDetail(BaseModel):
     dataset: DatasetPublic
     versions: list[DatasetVersionPublic]

@@ -40,18 +40,18 @@ def chunk_digests(data: bytes) -> list[ChunkRef]:
     return refs
 
 
-def file_chunks(path: Path) -> list[ChunkRef]:
+def file_chunks(path: str | Path) -> list[ChunkRef]:
     """The chunks of a file, read CHUNK_SIZE at a time."""
     refs = []
-    with path.open("rb") as source:
+    with open(path, "rb") as source:
         while block := source.read(CHUNK_SIZE):
             refs.append(ChunkRef(hashlib.sha256(block).hexdigest(), len(block)))
     return refs
 
 
-def read_chunk(path: Path, index: int) -> bytes:
+def read_chunk(path: str | Path, index: int) -> bytes:
     """The index-th chunk of a file."""
-    with path.open("rb") as source:
+    with open(path, "rb") as source:
         source.seek(index * CHUNK_SIZE)
         return source.read(CHUNK_SIZE)
 

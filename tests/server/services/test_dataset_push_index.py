@@ -14,7 +14,6 @@ from gpulease.client import GpuleaseClient
 from gpulease.client import datasets as client_datasets
 from gpulease.client.datasets import PushResult, push_directory
 from gpulease.client.push_index import PushIndex, index_path
-from gpulease.schemas.datasets import DatasetFilesPart
 from gpulease.storage.chunking import CHUNK_SIZE
 
 OLD_NS = 1_600_000_000 * 10**9  # the files' mtime: long before any push
@@ -50,11 +49,11 @@ def manifests(client: GpuleaseClient, monkeypatch: pytest.MonkeyPatch) -> list[l
     sent: list[list[object]] = []
     push_files = client.datasets.push_files
 
-    def spy(name: str, push_id: int, part: int, body: DatasetFilesPart):  # type: ignore[no-untyped-def]
+    def spy(name: str, push_id: int, part: int, files: list[tuple[str, int, list[str]]]):  # type: ignore[no-untyped-def]
         if part == 0:
             sent.append([])
-        sent[-1].extend((f.path, f.size, f.chunks) for f in body.files)
-        return push_files(name, push_id, part, body)
+        sent[-1].extend(files)
+        return push_files(name, push_id, part, files)
 
     monkeypatch.setattr(client.datasets, "push_files", spy)
     return sent
@@ -81,24 +80,51 @@ def test_an_unchanged_tree_is_pushed_again_without_reading_a_file(
     sent = manifests(client, monkeypatch)
     index = PushIndex(tmp_path / "index.sqlite", clock_ns=later_clock)
     first = push(client, tmp_path / "imgs", "imgs", index)
-    assert first.index_hits == 0
+    assert first.index_hits == 0 and not first.unchanged
 
+    # the tree record and the server's manifest digest settle it: no push, no new version
     reads = Reads(monkeypatch)
     again = push(client, tmp_path / "imgs", "imgs", index)
     assert reads.hashed == [] and reads.chunks_read == 0
-    assert again.index_hits == again.files == 122 and again.sent_bytes == 0
-    assert sent[0] == sent[1]  # the same version manifest
-    versions = client.datasets.get("imgs").versions
-    assert [(v.number, v.file_count, v.chunk_count) for v in versions] == [
-        (2, 122, versions[1].chunk_count),
-        (1, 122, versions[1].chunk_count),
-    ]
+    assert again.unchanged and again.push_id is None and again.sent_bytes == 0
+    assert again.index_hits == again.files == 122 and again.dataset.current_version == 1
+    assert len(sent) == 1  # no file list was sent
+    assert [v.number for v in client.datasets.get("imgs").versions] == [1]
 
     # an index opened afresh (the next CLI run) knows the same
     index.close()
     reopened = PushIndex(tmp_path / "index.sqlite", clock_ns=later_clock)
-    assert push(client, tmp_path / "imgs", "imgs", reopened).index_hits == 122
-    assert reads.hashed == []
+    assert push(client, tmp_path / "imgs", "imgs", reopened).unchanged
+    assert reads.hashed == [] and len(sent) == 1
+
+    # a file touched (new mtime, same bytes): hashed again, found equal, still no new version
+    os.utime(tmp_path / "imgs" / "empty", ns=(OLD_NS + 10**9, OLD_NS + 10**9))
+    touched = push(client, tmp_path / "imgs", "imgs", reopened)
+    assert reads.hashed == ["empty"] and touched.sent_bytes == 0
+    assert touched.dataset.current_version == 1 and len(sent) == 2
+    assert sent[0] == sent[1]  # the same manifest, so the server kept the version it had
+    assert [v.number for v in client.datasets.get("imgs").versions] == [1]
+    assert client.datasets.get("imgs").pushes[0].state_reason == "unchanged: the same files as v1"
+    assert push(client, tmp_path / "imgs", "imgs", reopened).unchanged
+    reopened.close()
+
+
+def test_a_tree_the_server_no_longer_holds_as_current_is_pushed(
+    ann: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = sdk(ann)
+    tree = write_tree(tmp_path / "t", {"a.txt": b"alpha"})
+    other = write_tree(tmp_path / "o", {"b.txt": b"bravo"})
+    age(tree)
+    index = PushIndex(tmp_path / "index.sqlite", clock_ns=later_clock)
+    push(client, tree, "t", index)
+    client.datasets.push(other, "t", use_index=False)  # someone pushed another tree meanwhile
+    reads = Reads(monkeypatch)
+    back = push(client, tree, "t", index)
+    assert not back.unchanged and back.dataset.current_version == 3 and reads.hashed == []
+    assert back.sent_bytes == 0  # its chunks are still on the server
+    assert client.datasets.current("t") is not None
+    assert client.datasets.current("nothing-here") is None
 
 
 def test_a_file_changed_in_place_with_the_same_size_is_hashed_again(
@@ -170,5 +196,5 @@ def test_the_sdk_keeps_its_index_under_xdg_cache_home(
     (tree / "gone.txt").unlink()
     client.datasets.push(tree, "cats")
     remembered = PushIndex(where)
-    assert set(remembered._entries) == {"a.txt"}  # files gone from the tree are forgotten
+    assert remembered.paths() == {"a.txt"}  # files gone from the tree are forgotten
     remembered.close()

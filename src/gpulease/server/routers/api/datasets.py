@@ -1,9 +1,11 @@
 """Datasets: list, show, remove, and the push protocol; and the runner's dataset calls.
 
-A push: POST /datasets/NAME/pushes opens it; PUT .../files/PART sends a part of the file
-list (paths, sizes, chunk hashes) and answers with the chunks the server lacks; POST
-.../chunks sends those, many per request, as a chunk pack (gpulease.storage.chunking);
-POST .../commit makes the version. Runners fetch mounted versions under /runner/v1/datasets.
+A push (docs/datasets.md): GET /datasets/NAME/current says the current version's manifest
+digest (a client holding that tree is done); POST /datasets/NAME/pushes opens a push; PUT
+.../files/PART sends a part of the file list (paths, sizes, chunk hashes) and answers with
+the chunks the server lacks; POST .../chunks sends those, many per request, as a chunk pack
+(gpulease.storage.chunking); POST .../commit makes the version. Runners fetch mounted
+versions under /runner/v1/datasets.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import base64
 import json
 
 from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from gpulease.core.errors import InvalidInput
 from gpulease.schemas.datasets import (
     DatasetChunksReceived,
     DatasetCommit,
+    DatasetCurrent,
     DatasetDetail,
     DatasetFilesPart,
     DatasetList,
@@ -52,6 +56,7 @@ from gpulease.storage.chunking import PackError
 router = APIRouter(tags=["datasets"])
 runner_router = APIRouter(prefix=f"{RUNNER_API}/datasets", tags=["runner"])
 PACK = "application/octet-stream"
+MAX_FILES_BYTES = 64 * 1024 * 1024
 
 
 def vault_of(request: Request) -> Vault:
@@ -88,6 +93,15 @@ def show_dataset(name: str, session: SessionDep, user: CurrentUser) -> DatasetDe
     )
 
 
+@router.get("/datasets/{name}/current")
+def current_dataset(name: str, session: SessionDep, user: CurrentUser) -> DatasetCurrent:
+    dataset, version = library.current_version(session, user, name)
+    return DatasetCurrent(
+        dataset=DatasetPublic.model_validate(dataset),
+        manifest_sha256=uploads.digest_in_manifest_key(version.manifest_blob),
+    )
+
+
 @router.delete("/datasets/{name}")
 def remove_dataset(name: str, user: DetachedUser, request: Request) -> DatasetRemoved:
     freed = library.remove_dataset(runtime(request).sessions, vault_of(request), user, name)
@@ -119,16 +133,29 @@ def show_push(
     return DatasetUploadPublic.model_validate(uploads.get_upload(session, user, push_id))
 
 
-@router.put("/datasets/{name}/pushes/{push_id}/files/{part}")
-def push_files(
-    name: str,
-    push_id: IdPath,
-    part: int,
-    body: DatasetFilesPart,
-    user: DetachedUser,
-    request: Request,
+@router.put(
+    "/datasets/{name}/pushes/{push_id}/files/{part}",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": DatasetFilesPart.model_json_schema()}},
+        }
+    },
+)
+async def push_files(
+    name: str, push_id: IdPath, part: int, user: DetachedUser, request: Request
 ) -> DatasetMissingChunks:
-    missing = uploads.add_files(
+    """The body is a DatasetFilesPart, parsed straight from its JSON bytes (thousands of
+    files a request)."""
+    raw = await _read_capped(request, MAX_FILES_BYTES, "a file list part")
+    try:
+        body = DatasetFilesPart.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(step) for step in first["loc"])
+        raise InvalidInput(f"malformed file list: {where}: {first['msg']}") from None
+    missing = await run_in_threadpool(
+        uploads.add_files,
         runtime(request).sessions,
         vault_of(request),
         user.id,
@@ -140,16 +167,17 @@ def push_files(
     return DatasetMissingChunks(missing=missing.chunks, missing_bytes=missing.bytes)
 
 
-async def _read_capped(request: Request, limit: int) -> bytes:
+async def _read_capped(request: Request, limit: int, what: str) -> bytes:
     declared = request.headers.get("content-length")
+    too_big = f"{what} may hold at most {limit} bytes; send smaller ones"
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise InvalidInput(f"a chunk pack may hold at most {limit} bytes; send smaller packs")
+        raise InvalidInput(too_big)
     parts = []
     size = 0
     async for piece in request.stream():
         size += len(piece)
         if size > limit:
-            raise InvalidInput(f"a chunk pack may hold at most {limit} bytes; send smaller packs")
+            raise InvalidInput(too_big)
         parts.append(piece)
     return b"".join(parts)
 
@@ -158,7 +186,7 @@ async def _read_capped(request: Request, limit: int) -> bytes:
 async def push_chunks(
     name: str, push_id: IdPath, user: DetachedUser, request: Request
 ) -> DatasetChunksReceived:
-    body = await _read_capped(request, uploads.MAX_PACK_BYTES)
+    body = await _read_capped(request, uploads.MAX_PACK_BYTES, "a chunk pack")
     try:
         received = await run_in_threadpool(
             uploads.store_chunks,

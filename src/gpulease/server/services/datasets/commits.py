@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpulease.core.datasets import format_bytes, tree_conflict
+from gpulease.core.datasets import format_bytes, manifest_digest, tree_conflict
 from gpulease.core.errors import Conflict, InvalidInput
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Dataset, DatasetChunk, DatasetVersion
@@ -18,6 +18,7 @@ from gpulease.server.services.datasets.uploads import (
     close_upload,
     dataset_key_of,
     delete_staging,
+    digest_in_manifest_key,
     manifest_key,
     open_upload,
     refuse_upload,
@@ -37,6 +38,32 @@ def _read_parts(
         files.extend(vault.read_manifest(dataset_key, key).files)
     files.sort(key=lambda f: f.path)
     return Manifest(tuple(files))
+
+
+def _same_as_current(
+    sessions: sessionmaker[Session], vault: Vault, owner_id: int, upload_id: int, digest: str
+) -> DatasetVersion | None:
+    """When the push lists exactly the dataset's current version, close it as committed to
+    that version (no new version) and return the version; else None."""
+    with transaction(sessions) as session:
+        upload = open_upload(session, owner_id, upload_id)
+        dataset = session.get(Dataset, upload.dataset_id, with_for_update=True)
+        assert dataset is not None
+        if dataset.current_version is None:
+            return None
+        current = session.scalar(
+            select(DatasetVersion).where(
+                DatasetVersion.dataset_id == dataset.id,
+                DatasetVersion.number == dataset.current_version,
+            )
+        )
+        if current is None or digest_in_manifest_key(current.manifest_blob) != digest:
+            return None
+        upload.files_listed = current.file_count
+        upload.version = current.number
+        staged = close_upload(upload, COMMITTED, f"unchanged: the same files as v{current.number}")
+    delete_staging(vault, [staged])
+    return current
 
 
 def commit_upload(
@@ -70,8 +97,12 @@ def commit_upload(
             f"the server got {len(manifest.files)} files, {manifest.size} bytes in the file "
             f"lists, but the commit says {files} files, {size} bytes; push again"
         )
+    digest = manifest_digest((f.path, f.size, f.chunks) for f in manifest.files)
+    same = _same_as_current(sessions, vault, owner_id, upload_id, digest)
+    if same is not None:
+        return same
     chunk_ids = sorted(manifest.chunk_ids())
-    blob = manifest_key(owner_id, dataset_id, upload_id)
+    blob = manifest_key(owner_id, dataset_id, upload_id, digest)
     vault.seal_blob(dataset_key, blob, manifest.encode())
     vault.store.sync()
     try:

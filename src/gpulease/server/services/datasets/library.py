@@ -55,6 +55,19 @@ def get_dataset(session: Session, owner: User, name: str) -> Dataset:
     return dataset
 
 
+def current_version(session: Session, owner: User, name: str) -> tuple[Dataset, DatasetVersion]:
+    """owner's dataset called name and its current version (not found as get_dataset)."""
+    dataset = get_dataset(session, owner, name)
+    version = session.scalar(
+        select(DatasetVersion).where(
+            DatasetVersion.dataset_id == dataset.id,
+            DatasetVersion.number == dataset.current_version,
+        )
+    )
+    assert version is not None, "a dataset's current version exists"
+    return dataset, version
+
+
 def dataset_of(session: Session, version: DatasetVersion) -> Dataset:
     """The dataset a version belongs to (as it is now: a commit updates its totals)."""
     dataset = session.get(Dataset, version.dataset_id)

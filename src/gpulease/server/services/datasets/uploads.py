@@ -92,8 +92,16 @@ def staging_key(owner_id: int, upload_id: int, part: int) -> str:
     return f"s/{owner_id}/{upload_id}/{part:06d}"
 
 
-def manifest_key(owner_id: int, dataset_id: int, upload_id: int) -> str:
-    return f"m/{owner_id}/{dataset_id}/{upload_id}"
+def manifest_key(owner_id: int, dataset_id: int, upload_id: int, digest: str) -> str:
+    """Where a version's manifest is stored; its last part is the manifest's digest
+    (core/datasets.py manifest_digest), so that the version's row names it."""
+    return f"m/{owner_id}/{dataset_id}/{upload_id}/{digest}"
+
+
+def digest_in_manifest_key(key: str) -> str | None:
+    """The manifest digest that manifest_key put in key; None for a key from before."""
+    parts = key.split("/")
+    return parts[4] if len(parts) == 5 and _SHA.fullmatch(parts[4]) else None
 
 
 def chunk_sizes(entry: FileEntry) -> Iterator[tuple[str, int]]:
