@@ -23,6 +23,9 @@ REFUSED = [
     "http://127.1:22/",
     "http://localhost:5432/",
     "http://app.localhost/",
+    "http://localhost./",
+    "http://2130706433/",  # 127.0.0.1 as one number
+    "http://0x7f.1/",
     "http://[::1]:8420/",
     "http://[::ffff:127.0.0.1]/",
     "http://[::ffff:10.0.0.1]/",

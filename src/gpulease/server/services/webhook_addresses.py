@@ -117,7 +117,8 @@ def check_saved_url(url: str, *, allow_private: bool) -> None:
     """At save time: refuse a host that is, or now resolves to, a forbidden address. A name
     that does not resolve yet is accepted; every delivery resolves and checks it again."""
     host, port = host_and_port(url)
-    local = host.lower() == "localhost" or host.lower().endswith(".localhost")
+    name = host.lower().rstrip(".")  # "localhost." is localhost too
+    local = name == "localhost" or name.endswith(".localhost")
     if local and not allow_private:
         raise AddressRefused(
             f"webhooks cannot be sent to {host}: it is this server itself. Give a public "
