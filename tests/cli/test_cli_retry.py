@@ -1,0 +1,108 @@
+"""`gpulease run --retry N` and a task's `retry:`: a task whose instance fails under it runs
+again on a new instance; one that ends on its own, with any exit code, does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from wired_cli import Cli
+
+from gpulease.server.db import transaction
+from gpulease.server.orm import Run
+from gpulease.server.services.instances.states import FAILED, switch_status
+
+REASON = "node gpu-a left the cluster"
+
+
+def fail_first_instance(cli: Cli) -> Any:
+    """A job script: the first run's instance fails under it (as when its node dies, which
+    ends its runs without an exit code); later runs print and succeed."""
+
+    def job(run: dict[str, Any]) -> tuple[list[tuple[str, str]], int]:
+        if len(cli.server.cluster.runs) > 1:
+            return [("stdout", "done\n")], 0
+        with transaction(cli.server.rt.sessions) as session:
+            row = session.get(Run, run["id"])
+            assert row is not None
+            instance = row.instance
+            switch_status(session, instance, FAILED, REASON)
+        return [], 0  # its runner is gone: the exit it would send is refused
+
+    return job
+
+
+def task_file(tmp_path: Path, retry: int) -> Path:
+    task = tmp_path / "task.yaml"
+    task.write_text(f"resources:\n  accelerators: T4:1\nretry: {retry}\nrun: python train.py\n")
+    return task
+
+
+def test_run_retries_after_its_instance_failed(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    cli.server.cluster.job = fail_first_instance(cli)
+    cli.server.cluster.start()
+    result = cli("run", "--gpu", "T4:1", "--retry", "2", "--", "python train.py")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "done\n"
+    assert f"failed: {REASON}; running the task again on a new instance (2 retries left)" in (
+        result.stderr
+    )
+    first, second = ann.instances.list(include_released=True)
+    assert first.status_reason == REASON
+    assert [r["command"] for r in cli.server.cluster.runs] == ["python train.py"] * 2
+    assert first.id != second.id
+    # the failed one is given back at once; the retry's own run releases it at its end
+    cli.server.cluster.wait_for(
+        lambda: [i.status for i in ann.instances.list(include_released=True)] == ["released"] * 2
+    )
+
+
+def test_without_retries_a_failed_instance_ends_the_run(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    cli.server.cluster.job = fail_first_instance(cli)
+    cli.server.cluster.start()
+    result = cli("run", "--gpu", "T4:1", "--", "python train.py")
+    assert result.exit_code == 1
+    assert REASON in result.stderr
+    assert "running the task again" not in result.stderr
+    assert len(ann.instances.list(include_released=True)) == 1
+
+
+def test_a_task_that_exits_non_zero_is_not_retried(cli: Cli, tmp_path: Path) -> None:
+    ann = cli.login_as("ann")
+    task = task_file(tmp_path, retry=3)
+    cli.server.cluster.job = lambda run: ([("stderr", "boom\n")], 3)
+    cli.server.cluster.start()
+    result = cli("run", str(task))
+    assert result.exit_code == 3
+    assert "running the task again" not in result.stderr
+    assert len(ann.instances.list(include_released=True)) == 1
+
+
+def test_a_task_files_retry_applies_and_the_option_overrides_it(cli: Cli, tmp_path: Path) -> None:
+    ann = cli.login_as("ann")
+    task = task_file(tmp_path, retry=1)
+    cli.server.cluster.job = fail_first_instance(cli)
+    cli.server.cluster.start()
+    result = cli("run", str(task), "--retry", "0")
+    assert result.exit_code == 1
+    assert "running the task again" not in result.stderr
+
+    cli.server.cluster.runs.clear()
+    result = cli("run", str(task))
+    assert result.exit_code == 0, result.output
+    assert "(1 retry left)" in result.stderr
+    assert len(ann.instances.list(include_released=True)) == 3
+
+
+def test_retry_refusals(cli: Cli, tmp_path: Path) -> None:
+    cli.login_as("ann")
+    result = cli("run", "--gpu", "T4:1", "--retry", "11", "--", "true")
+    assert result.exit_code == 2
+    assert "--retry" in result.output
+    task = tmp_path / "task.yaml"
+    task.write_text("retry: many\nrun: echo hi\n")
+    result = cli("run", str(task))
+    assert result.exit_code == 2
+    assert "retry must be a whole number from 0 to 10" in result.output
