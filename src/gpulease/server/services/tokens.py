@@ -14,13 +14,10 @@ from gpulease.server.security import hash_token, new_token
 
 
 def create_token(
-    session: Session,
-    user: User,
-    name: str,
-    *,
-    kind: str = "api",
-    ttl: timedelta | None = None,
+    session: Session, user: User, name: str, *, kind: str = "api", ttl: timedelta | None = None
 ) -> tuple[str, ApiToken]:
+    """A new token of user's (its secret, shown once, and its row): kind api (permanent
+    until revoked) or session (the console's, expiring after ttl)."""
     name = name.strip()
     if not name or len(name) > 100:
         raise InvalidInput("a token needs a name of 1 to 100 characters, e.g. 'laptop'")
