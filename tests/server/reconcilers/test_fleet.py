@@ -24,6 +24,7 @@ from gpulease.server.orm import (
     LedgerEntry,
     LedgerTransaction,
     Node,
+    Run,
     UsageSegment,
     User,
 )
@@ -202,3 +203,38 @@ def test_a_cluster_that_does_not_answer_marks_nothing_gone(
     tick()
     assert ann.get(f"/api/v1/instances/{instance_id}").json()["status"] == "running"
     assert free_total(ann, "A100-80GB") == (1, 2)
+
+
+def test_a_spot_instance_on_a_node_that_leaves_is_queued_again_with_its_run(
+    rt: Runtime, backend: FakeFleet, ann: Caller, tick, runner_for
+) -> None:  # type: ignore[no-untyped-def]
+    backend.fleet = [fleet_node("gpu-a", gpus=1), fleet_node("gpu-b", gpus=1)]
+    tick()
+    instance_id, runner = make_running_instance(
+        ann, tick, runner_for, gpu="A100-80GB:1", plan="spot"
+    )
+    r = ann.post(
+        f"/api/v1/instances/{instance_id}/runs",
+        json={"command": "python train.py", "stop_instance_on_exit": True},
+    )
+    run_id = int(r.json()["id"])
+    assert runner.call("POST", f"/runs/{run_id}/started", json={"pid": 2}).status_code == 204
+    runner.heartbeat()
+    dead = backend.started[-1].node
+    backend.fleet = [fleet_node(n, gpus=1, alive=n != dead) for n in ("gpu-a", "gpu-b")]
+    tick()  # the node goes; the next scheduler pass queues it again and places it
+    tick()
+    got = ann.get(f"/api/v1/instances/{instance_id}").json()
+    assert got["status"] == "starting", got
+    assert got["node"] != dead
+    assert backend.started[-1].node == got["node"]
+    with transaction(rt.sessions) as session:
+        runs = session.scalars(select(Run).where(Run.instance_id == instance_id)).all()
+        assert [(r.status, r.status_reason) for r in runs] == [
+            ("failed", f"node {dead} left the cluster"),
+            ("pending", ""),
+        ]
+        assert runs[1].command == "python train.py" and runs[1].stop_instance_on_exit
+    second = runner_for(instance_id)
+    second.ready()
+    assert [c["id"] for c in second.commands()] == [runs[1].id]

@@ -3,9 +3,9 @@
 A node that joins is registered with its GPUs (the catalog's free/total and `gpulease
 nodes` show it at once); a node that leaves is marked gone, its GPUs are no longer offered
 and its instances end with the reason "node NAME left the cluster", billed up to their
-runner's last heartbeat. Runs before the health check, from the same view of the cluster
-as the backend's alive(), so a dead node's runners are put down to the node and not to a
-crash.
+runner's last heartbeat; a spot one is queued again, as after a preemption. Runs before the
+health check, from the same view of the cluster as the backend's alive(), so a dead node's
+runners are put down to the node and not to a crash.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance, Node
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import nodes, notifications
+from gpulease.server.services.billing import plans
 from gpulease.server.services.instances.states import (
     FAILED,
     LIVE,
@@ -94,10 +95,16 @@ def node_left(session: Session, node: Node) -> None:
     ).all():
         last_seen = instance.last_heartbeat_at or instance.runner_launched_at
         new = STOPPED if instance.status == STOPPING else FAILED
+        if instance.plan == plans.SPOT and instance.desired_state == "running":
+            # as if preempted: stopped, then queued again with the runs it was running
+            # (services/preemption.requeue_stopped), on a node that is still there
+            instance.preempted_at = last_seen or utcnow()
+            new = STOPPED
         switch_status(session, instance, new, reason, at=last_seen)
+        again = "; it is queued again" if instance.preempted_at is not None else ""
         notifications.notify(
             session,
             instance.owner_id,
             f"instance_{new}",
-            f"instance {instance.name} {new}: {reason}",
+            f"instance {instance.name} {new}: {reason}{again}",
         )
