@@ -55,9 +55,9 @@ from gpulease.storage.chunking import (
 )
 
 PART_FILES = 5000
-PACK_BYTES = 16 * 1024 * 1024
+PACK_BYTES = 8 * 1024 * 1024
 PACK_CHUNKS = 4000
-UPLOAD_THREADS = 3
+UPLOAD_THREADS = 2
 HASH_THREADS = min(8, max(2, os.cpu_count() or 2))
 # Files up to this size are kept in memory between hashing and sending (one part's worth).
 _KEEP_BYTES = 64 * 1024
