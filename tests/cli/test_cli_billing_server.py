@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from wired_cli import Cli
 
 from gpulease.cli.main import app
+from gpulease.core.money import format_credits
 from gpulease.schemas.instances import InstanceCreate
 from gpulease.server import runner_socket
 
@@ -29,6 +30,11 @@ def test_balance_and_usage(cli: Cli) -> None:
     usage = cli("usage")
     assert usage.exit_code == 0
     assert "T4:1" in usage.stdout and "sign-up credit" in usage.stdout
+    # instances by name, amounts in the server's one format, the currency named
+    (segment,) = ann.billing.usage().segments
+    (row,) = [line for line in usage.stdout.splitlines() if "T4:1" in line]
+    assert row.strip("│ ").startswith("box ") and format_credits(segment.hourly_micro) in row
+    assert "usage, in USD" in usage.stdout and "$10.0000" in usage.stdout
     data = json.loads(cli("usage", "-o", "json").stdout)
     assert len(data["segments"]) == 1 and data["ledger"][-1]["kind"] == "signup_credit"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from inprocess import tar_members
 from wired_cli import Cli
 
 from gpulease.cli import instances
+from gpulease.core.money import format_credits
 from gpulease.schemas.instances import InstanceCreate
 from gpulease.schemas.runs import RunCreate
 
@@ -71,6 +73,25 @@ def test_exec_exits_1_and_says_why_when_the_instance_goes_away(cli: Cli) -> None
     assert re.search(r"error: run \d+ failed: stopped by its owner", result.stderr)
 
 
+def test_exec_on_a_queued_instance_says_what_it_waits_for(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ann = cli.login_as("ann")
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
+    started: list[bool] = []
+
+    def start_on_the_first_wait(seconds: float) -> None:
+        if not started:  # the CLI has said what it waits for: let the scheduler place it
+            started.append(True)
+            cli.server.cluster.start()
+        time.sleep(seconds)
+
+    monkeypatch.setattr(instances, "time", SimpleNamespace(sleep=start_on_the_first_wait))
+    result = cli("exec", "box", "--", "echo hi")
+    assert result.exit_code == 0, result.output
+    assert "instance box: queued, next to start" in result.stderr
+
+
 def task_dir(tmp_path: Path) -> Path:
     project = tmp_path / "project"
     (project / "code" / ".git").mkdir(parents=True)
@@ -105,6 +126,18 @@ def test_run_task_file_uploads_runs_streams_and_releases(cli: Cli, tmp_path: Pat
     assert run["env"] == {"EPOCHS": "3", "LR": "0.5"}
     members = tar_members(cli.server.cluster.workdirs[instance.id] or b"")
     assert members == {"train.py": b"print('training')\n"}
+    # the task's name and its own command, not the wrapper; one closing line
+    (listed,) = ann.runs.list()
+    assert f"run {listed.id}, task 'Cat Breeds_v2!': python train.py" in result.stderr
+    listing = cli("runs").stdout
+    assert "python train.py" in listing and "CUDA_VISIBLE_DEVICES" not in listing
+    charged = sum(s.charged_micro for s in ann.billing.usage().segments)
+    *_, last = result.stderr.strip().splitlines()
+    assert re.fullmatch(
+        rf"run {listed.id} succeeded in \d+ s, cost {re.escape(format_credits(charged))}; "
+        rf"instance {instance.name} released",
+        last,
+    ), last
     # the run stopped its instance, and auto-release gives it back
     cli.server.cluster.wait_for(lambda: ann.instances.get(instance.id).status == "released")
 

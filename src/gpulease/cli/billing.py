@@ -13,12 +13,14 @@ from gpulease.cli.output import (
     console,
     emit,
     emit_rows,
+    print_json,
     show_fields,
     show_rows,
+    symbol_of,
     when,
 )
 from gpulease.core.money import format_credits
-from gpulease.schemas.ledger import GrantCreate, Usage
+from gpulease.schemas.ledger import GrantCreate
 
 
 def balance(output: OutputOption = OutputFormat.table) -> None:
@@ -40,31 +42,45 @@ def _duration(seconds: int) -> str:
 
 def usage(output: OutputOption = OutputFormat.table) -> None:
     """What you were billed: GPU usage segments, then every ledger line."""
-    emit(fetch(lambda client: client.billing.usage()), output, _show_usage)
+    with logged_in_client() as client:
+        found = client.billing.usage()
+        if output is OutputFormat.json:
+            print_json(found)
+            return
+        names = {i.id: i.name for i in client.instances.list(include_released=True)}
+        wallet = client.billing.balance()
+    symbol = symbol_of(wallet.balance, wallet.balance_micro)
 
+    def money(micro: int) -> str:
+        return format_credits(micro, symbol)
 
-def _show_usage(found: Usage) -> None:
     show_rows(
         found.segments,
         ("INSTANCE", "GPU", "RATE/H", "STARTED", "ENDED", "BILLED", "CHARGED"),
         lambda s: (
-            s.instance_id,
+            names.get(s.instance_id, s.instance_id),
             f"{s.gpu_model}:{s.gpu_count}" if s.gpu_count else s.gpu_model,
-            format_credits(s.hourly_micro, ""),
+            money(s.hourly_micro),
             when(s.started_at),
             when(s.ended_at) if s.ended_at else "running",
             _duration(s.billed_seconds),
-            format_credits(s.charged_micro, ""),
+            money(s.charged_micro),
         ),
         empty="no GPU usage yet",
-        title="usage",
+        title=f"usage, in {wallet.currency}",
     )
     show_rows(
         found.ledger,
         ("TIME", "KIND", "AMOUNT", "INSTANCE", "MEMO"),
-        lambda line: (when(line.created_at), line.kind, line.amount, line.instance_id, line.memo),
+        lambda line: (
+            when(line.created_at),
+            line.kind,
+            money(line.amount_micro),
+            names.get(line.instance_id, line.instance_id) if line.instance_id else None,
+            line.memo,
+        ),
         empty="no ledger entries yet",
-        title="ledger",
+        title=f"ledger, in {wallet.currency}",
     )
 
 

@@ -47,14 +47,23 @@ def gpu_text(instance: InstancePublic) -> str:
 
 
 def status_text(instance: InstancePublic) -> str:
-    """'queued (position 2 in the queue)', 'starting: building environment', 'stopped: why'."""
-    text = instance.status
-    if instance.status == "queued" and instance.queue_position is not None:
-        text += f" (position {instance.queue_position} in the queue)"
-    detail = instance.status_message if instance.status in WAITING else instance.status_reason
-    if detail:
-        text += f": {detail}"
-    return text
+    """Where the instance stands, to follow 'instance NAME: ' as a sentence: 'queued, next
+    to start', 'queued: needs 2 × A100, 1 free; 1 request ahead of you', 'starting: building
+    environment', 'stopped by its owner', 'released: its run 4 ended'."""
+    status = instance.status
+    if status == "queued":
+        if instance.status_message:  # the scheduler's why and when; it names no other user
+            return f"queued: {instance.status_message}"
+        ahead = (instance.queue_position or 1) - 1
+        if ahead:
+            return f"queued behind {ahead} other request{'s' if ahead != 1 else ''}"
+        return "queued, next to start"
+    detail = instance.status_message if status in WAITING else instance.status_reason
+    if not detail or detail.lower() == status:
+        return status
+    if detail.lower().startswith(status + " "):  # 'stopped by its owner', not 'stopped: stopped …'
+        return detail
+    return f"{status}: {detail}"
 
 
 def wait_until_started(client: GpuleaseClient, ref: InstanceRef) -> InstancePublic:
@@ -88,13 +97,25 @@ def wait_until_started(client: GpuleaseClient, ref: InstanceRef) -> InstancePubl
     return instance
 
 
+def wait_until_settled(client: GpuleaseClient, ref: InstanceRef, seconds: float) -> InstancePublic:
+    """Poll for up to about `seconds` until the instance is where it is going (its desired
+    state: released after a `gpulease run`, say) or has failed; returns it as it is then."""
+    instance = client.instances.get(ref)
+    for _ in range(int(seconds / POLL_INTERVAL_S)):
+        if instance.status in (instance.desired_state, "released", "failed"):
+            break
+        time.sleep(POLL_INTERVAL_S)
+        instance = client.instances.get(ref)
+    return instance
+
+
 instance_app = typer.Typer(
     help="Rent GPUs: create, list, stop, start and release instances.", no_args_is_help=True
 )
 
 
 def _print_instance_line(instance: InstancePublic, verb: str = "") -> None:
-    """'instance 3 box created: queued (position 1 in the queue)' or 'instance 3 box: stopped'."""
+    """'instance 3 box created: queued, next to start' or 'instance 3 box: stopped'."""
     head = f"instance {instance.id} [bold]{escape(instance.name)}[/bold]"
     console().print(f"{head}{' ' + verb if verb else ''}: {escape(status_text(instance))}")
 

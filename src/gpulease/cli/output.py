@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpulease.core.money import format_credits
+
 D = TypeVar("D", bound=BaseModel | Sequence[BaseModel] | dict[str, Any])
 R = TypeVar("R", bound=BaseModel)
 T = TypeVar("T")
@@ -64,6 +66,17 @@ def print_json(data: BaseModel | Sequence[BaseModel] | dict[str, Any]) -> None:
     else:
         payload = [item.model_dump(mode="json") for item in data]
     typer.echo(json.dumps(payload, indent=2))
+
+
+def symbol_of(formatted: str, micro: int) -> str:
+    """The currency symbol in an amount the server wrote with core.money.format_credits
+    ('$' in '$1.5000' for 1_500_000); '' when `formatted` is not that amount."""
+    number = format_credits(micro, "")
+    sign = "-" if number.startswith("-") else ""
+    value = number[len(sign) :]
+    if not (formatted.startswith(sign) and formatted.endswith(value)):
+        return ""
+    return formatted[len(sign) : len(formatted) - len(value)]
 
 
 def when(value: datetime | None) -> str:

@@ -16,7 +16,12 @@ import typer
 from gpulease.cli.autostop import RefArgument
 from gpulease.cli.catalog import share_text
 from gpulease.cli.connection import logged_in_client
-from gpulease.cli.instances import DatasetOption, status_text, wait_until_started
+from gpulease.cli.instances import (
+    DatasetOption,
+    status_text,
+    wait_until_settled,
+    wait_until_started,
+)
 from gpulease.cli.output import (
     OutputFormat,
     OutputOption,
@@ -25,6 +30,7 @@ from gpulease.cli.output import (
     note,
     print_json,
     show_rows,
+    symbol_of,
     when,
 )
 from gpulease.cli.retry import MAX_RETRIES, Attempt, with_retries
@@ -37,6 +43,7 @@ from gpulease.client import (
     pack_workdir,
     position,
 )
+from gpulease.core.durations import span
 from gpulease.core.money import format_credits
 from gpulease.core.taskspec import (
     AcceleratorChoice,
@@ -51,6 +58,8 @@ from gpulease.schemas.runs import LogChunkPublic, RunCreate
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXIT_INTERRUPTED = 130
+# How long `gpulease run` waits, after its run ended, to see its instance released.
+RELEASE_WAIT_S = 30.0
 
 EnvOption = Annotated[
     list[str] | None,
@@ -141,6 +150,7 @@ def exec_(
         run = client.runs.create(ref, RunCreate(command=command_text(command), env=variables))
         note(f"run {run.id} on instance {ref}")
         try:
+            wait_until_started(client, ref)  # says what a queued or starting one waits for
             end = stream_run(client, run.id)
         except KeyboardInterrupt:
             note(f"run {run.id} keeps running; follow it with `gpulease logs {run.id} -f`")
@@ -337,13 +347,11 @@ def pick_accelerators(
     if len(candidates) == 1 and written == [picked]:
         return picked, None
     why = "free now" if model.free >= count else f"none has {count} free now, so it queues"
-    price = format_credits(model.hourly_micro * count)
+    price = format_credits(model.hourly_micro * count, symbol_of(model.hourly, model.hourly_micro))
     return picked, f"accelerators {wanted}: {picked} ({why}, {price}/h)"
 
 
-def _run_task(
-    client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | None
-) -> Attempt:
+def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | None) -> Attempt:
     if spec.accelerator_choices or spec.cpus or spec.memory_gb:
         models = client.catalog.gpus()
         if spec.accelerator_choices:
@@ -392,13 +400,44 @@ def _run_task(
             raise explained from exc
         instance = wait_until_started(client, instance.id)
         if instance.status == "running":
-            note(f"instance {instance.name} is running; run {run.id}:")
+            task = f"task {spec.name!r}: " if spec.name else ""
+            note(f"instance {instance.name} is running; run {run.id}, {task}{first_line(spec.run)}")
         end = stream_run(client, run.id)
     except KeyboardInterrupt:
         note(f"interrupted: releasing instance {instance.name}")
         _release(client, instance.id, instance.name)
         return Attempt(EXIT_INTERRUPTED, instance.id, instance.name, None)
-    return Attempt(exit_code_of(client, run.id, end), instance.id, instance.name, end)
+    code = exit_code_of(client, run.id, end)
+    note(finish_line(client, run.id, instance.id))
+    return Attempt(code, instance.id, instance.name, end)
+
+
+def finish_line(client: GpuleaseClient, run_id: int, instance_id: int) -> str:
+    """The one line `gpulease run` ends with: 'run 7 succeeded in 2 min 5 s, cost $0.0125;
+    instance cat-3f9a released' (once its instance has settled, or said to be releasing)."""
+    instance = wait_until_settled(client, instance_id, RELEASE_WAIT_S)
+    run = client.runs.get(run_id)
+    if run.status == "succeeded":
+        outcome = "succeeded"
+    elif run.exit_code is not None:
+        outcome = f"failed with exit code {run.exit_code}"
+    else:
+        outcome = f"{run.status}: {run.status_reason}" if run.status_reason else run.status
+    took = ""
+    if run.started_at is not None and run.finished_at is not None:
+        took = f" in {span(int((run.finished_at - run.started_at).total_seconds()))}"
+    segments = client.billing.usage().segments
+    charged = sum(s.charged_micro for s in segments if s.instance_id == instance_id)
+    wallet = client.billing.balance()
+    cost = format_credits(charged, symbol_of(wallet.balance, wallet.balance_micro))
+    if instance.status == "released":
+        where = f"instance {instance.name} released"
+    elif instance.desired_state == "released":
+        cost += " so far"
+        where = f"instance {instance.name} is being released"
+    else:
+        where = f"instance {instance.name} {status_text(instance)}"
+    return f"run {run.id} {outcome}{took}, cost {cost}; {where}"
 
 
 def _explained(client: GpuleaseClient, instance_id: int, exc: ClientError) -> ClientError:
@@ -469,7 +508,7 @@ def runs(
             names.get(r.instance_id, r.instance_id),
             r.status,
             r.exit_code,
-            _command_cell(r.command),
+            first_line(own_command(r.command)),
             when(r.created_at),
             when(r.finished_at),
         ),
@@ -477,6 +516,30 @@ def runs(
     )
 
 
-def _command_cell(command: str) -> str:
-    lines = command.strip().splitlines() or [""]
-    return lines[0][:60] + ("…" if len(lines) > 1 or len(lines[0]) > 60 else "")
+def first_line(command: str | None, width: int = 60) -> str:
+    """A command for one line of a table or a note: its first line, cut at `width`, with
+    '…' where something was left out."""
+    lines = (command or "").strip().splitlines() or [""]
+    return lines[0][:width] + ("…" if len(lines) > 1 or len(lines[0]) > width else "")
+
+
+_EXEC_RUN = "exec bash -c "
+
+
+def own_command(script: str) -> str:
+    """The task's own `run` command in a script TaskSpec.script() wrapped it in (SkyPilot's
+    setup-then-run wrapper, or `set -e` setup before the run); any other script as is."""
+    if script.endswith(" run"):
+        start = script.find(_EXEC_RUN)
+        while start != -1:
+            quoted = script[start + len(_EXEC_RUN) : -len(" run")]
+            try:
+                (command,) = shlex.split(quoted)
+            except ValueError:
+                command = None
+            if command is not None and shlex.quote(command) == quoted:
+                return command
+            start = script.find(_EXEC_RUN, start + 1)
+    if script.startswith("set -e\n") and "\nset +e\n" in script:
+        return script.split("\nset +e\n", 1)[1]
+    return script

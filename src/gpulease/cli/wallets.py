@@ -15,8 +15,10 @@ from gpulease.cli.output import (
     emit_rows,
     show_fields,
     show_rows,
+    symbol_of,
     when,
 )
+from gpulease.client import GpuleaseClient
 from gpulease.core.money import format_cap
 from gpulease.schemas.billing import (
     AdminLimitsUpdate,
@@ -32,8 +34,14 @@ from gpulease.schemas.billing import (
 from gpulease.schemas.ledger import GrantCreate
 
 
-def _money(micro: int | None) -> str:
-    return format_cap(micro, "", 4, unset="-")
+def _money(micro: int | None, symbol: str) -> str:
+    return format_cap(micro, symbol, unset="-")
+
+
+def _symbol(client: GpuleaseClient) -> str:
+    """The server's currency symbol, as its answers write amounts."""
+    wallet = client.billing.balance()
+    return symbol_of(wallet.balance, wallet.balance_micro)
 
 
 def plans(
@@ -45,7 +53,13 @@ def plans(
         fetch(lambda client: client.billing.plans(gpu)),
         output,
         ("PLAN", "PER HOUR", "NCU/H", "BLOCK", "RULES"),
-        lambda q: (q.plan, q.hourly, q.hourly_ncu, _money(q.block_micro), q.rules),
+        lambda q: (
+            q.plan,
+            q.hourly,
+            q.hourly_ncu,
+            _money(q.block_micro, symbol_of(q.hourly, q.hourly_micro)),
+            q.rules,
+        ),
         empty="no plans",
     )
 
@@ -75,21 +89,21 @@ def redeem(code: Annotated[str, typer.Argument(help="the voucher code")]) -> Non
 limits_app = typer.Typer(help="Your spending caps and low-balance warning.", no_args_is_help=True)
 
 
-def _show_limits(found: LimitsPublic, output: OutputFormat) -> None:
+def _show_limits(found: LimitsPublic, symbol: str, output: OutputFormat) -> None:
     emit(
         found,
         output,
         lambda found: show_fields(
             [
-                ("max hourly spend", _money(found.effective_max_hourly_micro)),
-                ("  set by you", _money(found.max_hourly_micro)),
-                ("  admin ceiling", _money(found.admin_max_hourly_micro)),
-                ("monthly budget", _money(found.effective_monthly_budget_micro)),
-                ("  set by you", _money(found.monthly_budget_micro)),
-                ("  admin ceiling", _money(found.admin_monthly_budget_micro)),
-                ("low-balance warning", _money(found.low_balance_micro)),
-                ("spending now, per hour", _money(found.hourly_spend_micro)),
-                ("spent this month", _money(found.month_spend_micro)),
+                ("max hourly spend", _money(found.effective_max_hourly_micro, symbol)),
+                ("  set by you", _money(found.max_hourly_micro, symbol)),
+                ("  admin ceiling", _money(found.admin_max_hourly_micro, symbol)),
+                ("monthly budget", _money(found.effective_monthly_budget_micro, symbol)),
+                ("  set by you", _money(found.monthly_budget_micro, symbol)),
+                ("  admin ceiling", _money(found.admin_monthly_budget_micro, symbol)),
+                ("low-balance warning", _money(found.low_balance_micro, symbol)),
+                ("spending now, per hour", _money(found.hourly_spend_micro, symbol)),
+                ("spent this month", _money(found.month_spend_micro, symbol)),
             ]
         ),
     )
@@ -99,7 +113,7 @@ def _show_limits(found: LimitsPublic, output: OutputFormat) -> None:
 def show_limits(output: OutputOption = OutputFormat.table) -> None:
     """Your caps and what you spend against them."""
     with logged_in_client() as client:
-        _show_limits(client.billing.limits(), output)
+        _show_limits(client.billing.limits(), _symbol(client), output)
 
 
 @limits_app.command("set")
@@ -123,6 +137,7 @@ def set_limits(
                     max_hourly=max_hourly, monthly_budget=monthly_budget, low_balance=low_balance
                 )
             ),
+            _symbol(client),
             output,
         )
 
@@ -131,11 +146,16 @@ team_app = typer.Typer(help="Teams: a shared wallet and its members.", no_args_i
 
 
 def _print_team(team: TeamPublic) -> None:
+    symbol = symbol_of(team.balance, team.balance_micro)
     console().print(f"team {team.name} (owner {team.owner}), balance {team.balance}", markup=False)
     show_rows(
         team.members,
         ("MEMBER", "MONTHLY LIMIT", "SPENT THIS MONTH"),
-        lambda m: (m.user, _money(m.monthly_limit_micro), _money(m.month_spend_micro)),
+        lambda m: (
+            m.user,
+            _money(m.monthly_limit_micro, symbol),
+            _money(m.month_spend_micro, symbol),
+        ),
         empty="no members",
     )
 
@@ -279,6 +299,7 @@ def admin_limits(
             client.admin.set_limits(
                 user, AdminLimitsUpdate(max_hourly=max_hourly, monthly_budget=monthly_budget)
             ),
+            _symbol(client),
             output,
         )
 
