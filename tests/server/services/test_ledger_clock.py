@@ -106,7 +106,10 @@ def test_the_bulk_tick_bills_every_wallet_exactly(rt: Runtime) -> None:
         assert ledger.balance(session, ann.id) == before[(ann.id, None)] - cost
         assert ledger.balance(session, bob.id) == before[(bob.id, None)] - cost
         assert ledger.balance(session, ann.id, lab.id) == -cost_for_seconds(250_000, 107)
-        keys = session.scalars(select(LedgerTransaction.idempotency_key)).all()
-        assert {f"usage:{s.id}:{s.billed_seconds}" for s in rows} <= set(keys)
+        query = select(LedgerTransaction.idempotency_key, LedgerTransaction.memo)
+        written = dict(session.execute(query).all())
+        for s in rows:  # key and memo as charge_segment writes them
+            memo = f"T4 × 1 on_demand, segment {s.id}, seconds 0–{s.billed_seconds}"
+            assert written[f"usage:{s.id}:{s.billed_seconds}"] == memo
         # again at the same time: nothing new
         assert metering.charge_open_segments(session, now) == set()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -178,81 +177,68 @@ def charge_open_segments(
     always bills it to the second. The segments are locked for the tick (skipping rows
     another replica holds), so the bill computed from them is the one written.
 
-    The prices are computed here (core.pricing); the writes are three set-based statements
-    over the bills passed as one JSON parameter (transactions, their two legs each, the
-    segments' new billed_seconds), so that the database, not a Python loop per row, does
-    the per-segment work.
+    Python computes each segment's price (core.pricing, exact); the database writes them:
+    three set-based statements over one JSON parameter of (segment, seconds, due, amount,
+    wallet) rows make the transactions (key and memo as charge_segment writes them), their
+    two legs, and the segments' new billed seconds. A Python loop of ORM rows or bound
+    parameters per segment costs several times the writes themselves.
     """
-    now = now or utcnow()
-    # started_at and offpeak come raw (a string on SQLite) and are decoded here, once per
-    # distinct value: 10,000 rows through the column types cost more than the writes
-    open_segments = session.execute(
+    now = (now or utcnow()).astimezone(UTC)
+    naive_now = now.replace(tzinfo=None)
+    table = UsageSegment.__table__
+    # Core, not ORM, rows; started_at and offpeak raw (strings on SQLite), decoded here
+    open_segments = session.connection().execute(
         select(
-            UsageSegment.id,
-            UsageSegment.instance_id,
-            UsageSegment.owner_id,
-            UsageSegment.team_id,
-            UsageSegment.gpu_model,
-            UsageSegment.gpu_count,
-            UsageSegment.plan,
-            UsageSegment.hourly_micro,
-            type_coerce(UsageSegment.offpeak, String()).label("offpeak"),
-            type_coerce(UsageSegment.started_at, String()).label("started_at"),
-            UsageSegment.billed_seconds,
-            UsageSegment.charged_micro,
+            table.c.id,
+            table.c.owner_id,
+            table.c.team_id,
+            table.c.hourly_micro,
+            type_coerce(table.c.offpeak, String()),
+            type_coerce(table.c.started_at, String()),
+            table.c.billed_seconds,
+            table.c.charged_micro,
         )
-        .where(UsageSegment.ended_at.is_(None))
-        .order_by(UsageSegment.id)
+        .where(table.c.ended_at.is_(None))
+        .order_by(table.c.id)
         .with_for_update(skip_locked=True)
-    ).all()
+    )
     windows_of: dict[str, list[OffPeakWindow]] = {}
-    bills: list[tuple[Any, int, int]] = []  # (segment row, seconds, due)
-    for seg in open_segments:
-        started_at = _aware(seg.started_at)
-        elapsed = (now - started_at).total_seconds()
-        seconds = max(0, math.floor(elapsed))
-        if seconds <= seg.billed_seconds or elapsed - seg.billed_seconds < min_step_s:
+    bills: list[tuple[int, int, int, int, int, int | None]] = []
+    for seg_id, owner_id, team_id, hourly, snapshot, started, billed, charged in open_segments:
+        if isinstance(started, str):  # SQLite: naive UTC text
+            elapsed = (naive_now - datetime.fromisoformat(started)).total_seconds()
+        else:
+            elapsed = (now - started).total_seconds()
+        seconds = math.floor(elapsed)
+        if seconds <= billed or elapsed - billed < min_step_s:
             continue
-        raw = seg.offpeak if isinstance(seg.offpeak, str) else json.dumps(seg.offpeak)
-        if raw not in windows_of:
-            windows_of[raw] = offpeak.from_snapshot(json.loads(raw) or {})
-        due = _price(started_at, seg.hourly_micro, windows_of[raw], seconds)
-        bills.append((seg, seconds, due))
+        raw = snapshot if isinstance(snapshot, str) else json.dumps(snapshot)
+        windows = windows_of.get(raw)
+        if windows is None:
+            windows = windows_of[raw] = offpeak.from_snapshot(json.loads(raw) or {})
+        if windows:
+            due = price_seconds(_aware(started), seconds, hourly, windows)
+        else:
+            due = cost_for_seconds(hourly, seconds)
+        bills.append((seg_id, seconds, due, due - charged, owner_id, team_id))
     if not bills:
         return set()
-    revenue = ledger.account_id(session, ledger.REVENUE)
-    wallets = ledger.wallet_accounts(session, {(s.owner_id, s.team_id) for s, _, _ in bills})
-    charged = [(s, sec, due - s.charged_micro) for s, sec, due in bills if due > s.charged_micro]
-    params = {
-        "now": now,
-        "revenue": revenue,
-        "txns": _json(
-            [f"usage:{s.id}:{sec}", _memo(s, s.billed_seconds, sec), s.owner_id, s.instance_id]
-            for s, sec, _ in charged
-        ),
-        "legs": _json(
-            [f"usage:{s.id}:{sec}", wallets[(s.owner_id, s.team_id)], amount]
-            for s, sec, amount in charged
-        ),
-        "segments": _json([s.id, sec, due] for s, sec, due in bills),
-    }
-    postgres = session.get_bind().dialect.name == "postgresql"
-    for template, sources in _TICK_STATEMENTS:
-        if not charged and ":txns" in str(sources):
-            continue
-        statement = template.format(
-            **{name: _rows(name, columns, postgres) for name, columns in sources.items()}
-        )
+    wallets = ledger.wallet_accounts(session, {(b[4], b[5]) for b in bills})
+    rows = json.dumps([[*b[:4], wallets[(b[4], b[5])]] for b in bills], separators=(",", ":"))
+    params = {"bills": rows, "now": now, "revenue": ledger.account_id(session, ledger.REVENUE)}
+    source = _BILLS_PG if session.get_bind().dialect.name == "postgresql" else _BILLS_SQLITE
+    for template in _TICK_STATEMENTS:
+        statement = template.format(bills=source)
         sql = text(statement)
         if ":now" in statement:
             sql = sql.bindparams(bindparam("now", type_=UTCDateTime()))
         session.execute(sql, {k: v for k, v in params.items() if f":{k}" in statement})
-    billed = {s.id: (sec, due) for s, sec, due in bills}
+    billed_now = {b[0]: b for b in bills}
     for held in list(session.identity_map.values()):  # ORM copies the caller holds
-        if isinstance(held, UsageSegment) and held.id in billed:
-            set_committed_value(held, "billed_seconds", billed[held.id][0])
-            set_committed_value(held, "charged_micro", billed[held.id][1])
-    return {s.owner_id for s, _, _ in charged}
+        if isinstance(held, UsageSegment) and held.id in billed_now:
+            set_committed_value(held, "billed_seconds", billed_now[held.id][1])
+            set_committed_value(held, "charged_micro", billed_now[held.id][2])
+    return {b[4] for b in bills if b[3] > 0}
 
 
 def _aware(value: datetime | str) -> datetime:
@@ -261,44 +247,34 @@ def _aware(value: datetime | str) -> datetime:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
-def _json(rows: Iterable[list[Any]]) -> str:
-    return json.dumps(list(rows), ensure_ascii=False, separators=(",", ":"))
-
-
-def _rows(param: str, columns: tuple[tuple[str, str], ...], postgres: bool) -> str:
-    """A subquery of the rows that the JSON array of arrays :param holds."""
-    if postgres:
-        picked = ", ".join(
-            f"CAST(e->>{i} AS {kind}) AS {name}" for i, (name, kind) in enumerate(columns)
-        )
-        return f"(SELECT {picked} FROM jsonb_array_elements(CAST(:{param} AS jsonb)) AS e)"
-    picked = ", ".join(f"value ->> {i} AS {name}" for i, (name, _) in enumerate(columns))
-    return f"(SELECT {picked} FROM json_each(:{param}))"
-
-
-_TXNS = (("key", "text"), ("memo", "text"), ("owner_id", "bigint"), ("instance_id", "bigint"))
-_LEGS = (("key", "text"), ("wallet", "bigint"), ("amount", "bigint"))
-_SEGMENTS = (("id", "bigint"), ("seconds", "bigint"), ("due", "bigint"))
-_TICK_STATEMENTS: tuple[tuple[str, dict[str, tuple[tuple[str, str], ...]]], ...] = (
-    (
-        "INSERT INTO ledger_transactions "
-        "(kind, idempotency_key, memo, user_id, instance_id, created_at) "
-        "SELECT 'usage', b.key, b.memo, b.owner_id, b.instance_id, :now FROM {txns} AS b",
-        {"txns": _TXNS},
-    ),
-    (  # each transaction's two legs: the wallet pays, revenue earns
-        "INSERT INTO ledger_entries (transaction_id, account_id, amount, created_at) "
-        "SELECT t.id, CASE WHEN leg.n = 0 THEN b.wallet ELSE :revenue END, "
-        "CASE WHEN leg.n = 0 THEN -b.amount ELSE b.amount END, :now "
-        "FROM {legs} AS b JOIN ledger_transactions AS t ON t.idempotency_key = b.key "
-        "CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1) AS leg ORDER BY t.id, leg.n",
-        {"legs": _LEGS},
-    ),
-    (
-        "UPDATE usage_segments SET billed_seconds = b.seconds, charged_micro = b.due "
-        "FROM {segments} AS b WHERE usage_segments.id = b.id",
-        {"segments": _SEGMENTS},
-    ),
+# The bills (id, seconds, due, amount, wallet) from the JSON array of arrays :bills.
+_BILL_COLUMNS = ("id", "seconds", "due", "amount", "wallet")
+_BILLS_SQLITE = "(SELECT {} FROM json_each(:bills))".format(
+    ", ".join(f"value ->> {i} AS {name}" for i, name in enumerate(_BILL_COLUMNS))
+)
+_BILLS_PG = "(SELECT {} FROM jsonb_array_elements(CAST(:bills AS jsonb)) AS e)".format(
+    ", ".join(f"CAST(e->>{i} AS bigint) AS {name}" for i, name in enumerate(_BILL_COLUMNS))
+)
+_KEY = "'usage:' || b.id || ':' || b.seconds"  # as charge_segment names it
+_TICK_STATEMENTS = (
+    # the memo as _memo writes it; the segment's billed_seconds are still the old ones
+    "INSERT INTO ledger_transactions "
+    "(kind, idempotency_key, memo, user_id, instance_id, created_at) "
+    f"SELECT 'usage', {_KEY}, "
+    "s.gpu_model || ' × ' || s.gpu_count || ' ' || s.plan || ', segment ' || s.id "
+    "|| ', seconds ' || s.billed_seconds || '–' || b.seconds, "
+    "s.owner_id, s.instance_id, :now "
+    "FROM {bills} AS b JOIN usage_segments AS s ON s.id = b.id "
+    "WHERE b.amount > 0 ORDER BY b.id",
+    # each transaction's two legs: the wallet pays, revenue earns
+    "INSERT INTO ledger_entries (transaction_id, account_id, amount, created_at) "
+    "SELECT t.id, CASE WHEN leg.n = 0 THEN b.wallet ELSE :revenue END, "
+    "CASE WHEN leg.n = 0 THEN -b.amount ELSE b.amount END, :now "
+    f"FROM {{bills}} AS b JOIN ledger_transactions AS t ON t.idempotency_key = {_KEY} "
+    "CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1) AS leg "
+    "WHERE b.amount > 0 ORDER BY t.id, leg.n",
+    "UPDATE usage_segments SET billed_seconds = b.seconds, charged_micro = b.due "
+    "FROM {bills} AS b WHERE usage_segments.id = b.id",
 )
 
 
