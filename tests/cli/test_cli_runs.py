@@ -237,6 +237,7 @@ def test_logs_pages_follow_and_runs_listing(cli: Cli) -> None:
     instance = ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
     cli.server.cluster.job = lambda run: ([("stdout", f"line {i}\n") for i in range(3)], 0)
     run = ann.runs.create("box", RunCreate(command="python train.py\necho second line"))
+    assert "pending: instance queued, next to start" in cli("runs").stdout
     cli.server.cluster.start()
     followed = cli("logs", str(run.id), "-f")
     assert followed.exit_code == 0 and followed.stdout == "line 0\nline 1\nline 2\n"

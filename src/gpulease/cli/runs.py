@@ -17,6 +17,7 @@ from gpulease.cli.autostop import RefArgument
 from gpulease.cli.catalog import share_text
 from gpulease.cli.connection import logged_in_client
 from gpulease.cli.instances import (
+    WAITING,
     DatasetOption,
     status_text,
     wait_until_settled,
@@ -53,8 +54,8 @@ from gpulease.core.taskspec import (
     parse_task,
 )
 from gpulease.schemas.catalog import GpuModelPublic
-from gpulease.schemas.instances import InstanceCreate
-from gpulease.schemas.runs import LogChunkPublic, RunCreate
+from gpulease.schemas.instances import InstanceCreate, InstancePublic
+from gpulease.schemas.runs import LogChunkPublic, RunCreate, RunPublic
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXIT_INTERRUPTED = 130
@@ -499,14 +500,14 @@ def runs(
         if output is OutputFormat.json:
             print_json(found)
             return
-        names = {i.id: i.name for i in client.instances.list(include_released=True)}
+        held = {i.id: i for i in client.instances.list(include_released=True)}
     show_rows(
         found,
         ("ID", "INSTANCE", "STATUS", "EXIT", "COMMAND", "CREATED", "FINISHED"),
         lambda r: (
             r.id,
-            names.get(r.instance_id, r.instance_id),
-            r.status,
+            held[r.instance_id].name if r.instance_id in held else r.instance_id,
+            _run_status(r, held.get(r.instance_id)),
             r.exit_code,
             first_line(own_command(r.command)),
             when(r.created_at),
@@ -514,6 +515,14 @@ def runs(
         ),
         empty="no runs yet",
     )
+
+
+def _run_status(run: RunPublic, instance: InstancePublic | None) -> str:
+    """A run's status; a pending one on a queued or starting instance says what it waits
+    for ('pending: instance queued behind 2 other requests')."""
+    if run.status == "pending" and instance is not None and instance.status in WAITING:
+        return f"pending: instance {status_text(instance)}"
+    return run.status
 
 
 def first_line(command: str | None, width: int = 60) -> str:
