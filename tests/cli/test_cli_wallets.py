@@ -6,11 +6,15 @@ import json
 
 from wired_cli import Cli
 
+from gpulease.core.money import format_credits
+
 
 def test_plans_and_daily_rules_before_purchase(cli: Cli) -> None:
     cli.login_as("ann")
     quotes = {q["plan"]: q for q in json.loads(cli("plans", "A100-80GB:1", "-o", "json").stdout)}
     assert quotes["daily"]["block_micro"] == 18_000_000
+    # every amount in the server's one format, its currency symbol included
+    assert format_credits(18_000_000) in cli("plans", "A100-80GB:1").stdout
     declined = cli("instance", "create", "--gpu", "T4:1", "--plan", "daily", input="n\n")
     assert declined.exit_code == 1
     assert "not refunded" in declined.stderr and "not created" in declined.stderr
@@ -36,6 +40,7 @@ def test_vouchers_limits_and_offpeak(cli: Cli) -> None:
     assert again.exit_code == 1 and "already redeemed" in again.stderr
     capped = cli("limits", "set", "--max-hourly", "1.00", "-o", "json")
     assert json.loads(capped.stdout)["effective_max_hourly_micro"] == 1_000_000
+    assert format_credits(1_000_000) in cli("limits", "show").stdout
     over = cli("instance", "create", "--gpu", "A100-80GB:2")
     assert over.exit_code == 1 and "above your cap" in over.stderr
     negative = cli("limits", "set", "--monthly-budget", "-3")

@@ -35,7 +35,7 @@ from gpulease.schemas.ledger import GrantCreate
 
 
 def _money(micro: int | None, symbol: str) -> str:
-    return format_cap(micro, symbol, unset="-")
+    return format_cap(micro, symbol, 4, unset="-")
 
 
 def _symbol(client: GpuleaseClient) -> str:
