@@ -14,6 +14,8 @@ from inprocess import tar_members
 from wired_cli import Cli
 
 from gpulease.cli import instances
+from gpulease.client import ApiError
+from gpulease.client.billing import BillingAPI
 from gpulease.core.money import format_credits
 from gpulease.schemas.instances import InstanceCreate
 from gpulease.schemas.runs import RunCreate
@@ -178,6 +180,22 @@ def test_run_command_form_without_workdir_and_exit_code(cli: Cli) -> None:
     (instance,) = ann.instances.list(include_released=True)
     assert cli.server.cluster.workdirs[instance.id] is None  # nothing uploaded
     assert instance.gpu_model == "A100-80GB"
+
+
+def test_run_keeps_its_exit_code_when_its_cost_cannot_be_read(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cli.login_as("ann")
+    cli.server.cluster.job = lambda run: ([("stdout", "ok\n")], 3)
+    cli.server.cluster.start()
+
+    def refuse(self: BillingAPI) -> None:
+        raise ApiError(503, "the usage service is down")
+
+    monkeypatch.setattr(BillingAPI, "usage", refuse)
+    result = cli("run", "--gpu", "T4:1", "--", "true")
+    assert result.exit_code == 3
+    assert "its cost could not be read: the usage service is down" in result.stderr
 
 
 def test_run_with_workdir_option(cli: Cli, tmp_path: Path) -> None:

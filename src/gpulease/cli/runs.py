@@ -409,7 +409,10 @@ def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | 
         _release(client, instance.id, instance.name)
         return Attempt(EXIT_INTERRUPTED, instance.id, instance.name, None)
     code = exit_code_of(client, run.id, end)
-    note(finish_line(client, run.id, instance.id))
+    try:
+        note(finish_line(client, run.id, instance.id))
+    except ClientError as exc:  # the run's own exit code still stands
+        note(f"run {run.id} ended; its cost could not be read: {exc.message}")
     return Attempt(code, instance.id, instance.name, end)
 
 
