@@ -147,11 +147,17 @@ class RunnerStarted(BaseModel):
     pid: int | None = None
 
 
+# What an INTEGER column holds, and Unix times from 1970 to 2100: bounds that make a hostile
+# runner's huge number a 422 rather than an overflow in the database or in datetime.
+INT32_MAX = 2**31 - 1
+UNIX_TIME_MAX = 4_102_444_800.0
+
+
 class RunnerLogChunk(BaseModel):
-    seq: int
+    seq: int = Field(ge=0, le=INT32_MAX)
     stream: str = Field(max_length=8)
     data: str
-    time: float
+    time: float = Field(ge=0, le=UNIX_TIME_MAX, allow_inf_nan=False)
 
 
 class RunnerLogs(BaseModel):
@@ -159,7 +165,7 @@ class RunnerLogs(BaseModel):
 
 
 class RunnerExit(BaseModel):
-    exit_code: int
+    exit_code: int = Field(ge=-INT32_MAX - 1, le=INT32_MAX)
 
 
 class RunnerFailed(BaseModel):

@@ -3,7 +3,8 @@ odd, answers 5xx, and the server logs no traceback.
 
 A uvicorn process (tests/fuzz_server.py: the production app and `serve`, on SQLite, with
 the fake backend so that no runner starts) is called over HTTP with generated paths,
-queries and bodies for every operation of its OpenAPI schema, as a user and as an admin.
+queries and bodies for every operation of its OpenAPI schema, as a user and as an admin,
+and every runner operation also as the runner of the user's instance.
 A first round gives every (caller, operation) pair a case, so every route is reached however
 slow the machine; later rounds give each pair more cases until the time budget is spent.
 Every other case aims its path at resources that exist (an instance, a run, a ticket, a
@@ -18,9 +19,11 @@ import contextlib
 import itertools
 import math
 import os
+import secrets
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +41,10 @@ from processes import free_port
 
 pytestmark = pytest.mark.fuzz
 
-BUDGET_S = 50.0  # for the calls, after the server is up; the first round always ends
+BUDGET_S = 45.0  # for the calls, after the server is up; the first round always ends
 ROUNDS = (1, 4, 12)  # cases per (caller, operation) pair in each round
 HUGE = 2**64
+LONG_POLL = "/runner/v1/commands"
 LAUNCHER = Path(__file__).resolve().parents[3] / "fuzz_server.py"
 
 
@@ -60,6 +64,7 @@ def _huge(value: object) -> object:
 @dataclass
 class Server:
     url: str
+    home: Path
     log: Path
 
 
@@ -99,7 +104,7 @@ def server(sqlite_migrated: Path, tmp_path: Path) -> Iterator[Server]:
                 if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
                     break
             time.sleep(0.2)
-        yield Server(url, log)
+        yield Server(url, tmp_path / "home", log)
     finally:
         process.terminate()
         try:
@@ -146,6 +151,32 @@ class Caller:
         return result
 
 
+@dataclass
+class RunnerCaller(Caller):
+    """The runner of an instance (password: its launch secret), with a session of its own;
+    a generated POST /runner/v1/session that succeeds gives it that token instead."""
+
+    def sign_in(self, *, register: bool = False) -> None:
+        own = "glr_" + secrets.token_urlsafe(32)
+        headers = {"Authorization": f"Bearer {self.password}"}
+        r = self.http.post(f"{self.url}/runner/v1/session", json={"token": own}, headers=headers)
+        assert r.status_code == 204, r.text
+        self.token = own
+
+    def still_signed_in(self) -> None:
+        self.refused = False  # a runner stopped or failed by a generated call stays so
+
+
+def _launch_secret(server: Server, instance_id: object) -> str:
+    """What the fuzz server's backend was given to launch the instance's runner."""
+    path = server.home / "fuzz-runner-tokens" / str(instance_id)
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline, "the instance's runner was never launched"
+        time.sleep(0.1)
+    return path.read_text()
+
+
 def _existing(ann: Caller) -> dict[str, object]:
     """Resources of ann's for the paths to name: path parameter -> value."""
     instance = ann.post("/api/v1/instances", {"gpu": "T4:1", "name": "fuzzed"})
@@ -167,6 +198,7 @@ class Fuzz:
     failures: list[str] = field(default_factory=list)
     reached: set[tuple[str, str]] = field(default_factory=set)
     calls: int = 0
+    statuses: Counter[tuple[str, int]] = field(default_factory=Counter)
     strategies: dict[str, Any] = field(default_factory=dict)
     aim: Iterator[int] = field(default_factory=lambda: itertools.cycle([0, 1, 2]))
 
@@ -182,10 +214,14 @@ class Fuzz:
         what += f"body={case.body!r:.300}"
         self.calls += 1
         self.reached.add((caller.name, case.operation.label))
+        if case.path == LONG_POLL and isinstance(case.query, dict):
+            wait = case.query.get("wait")  # the long poll holds up to its wait: keep it short
+            if isinstance(wait, int | float) and not isinstance(wait, bool) and wait > 1:
+                case.query["wait"] = 1
         request = case.as_transport_kwargs(headers=caller.headers)
         try:
-            r = caller.http.request(**request, stream=True, timeout=30)
-        except requests.RequestException as exc:  # the server dropped the connection
+            r = self.send(caller, request)
+        except requests.RequestException as exc:  # the server dropped the connection twice
             self.failures.append(f"{what} -> {type(exc).__name__}: {exc}")
             return
         with r:
@@ -194,8 +230,21 @@ class Fuzz:
             else:
                 text = r.text
         caller.refused |= r.status_code == 401
+        self.statuses[caller.name, r.status_code] += 1
+        if r.status_code == 204 and case.path == "/runner/v1/session":
+            caller.token = str(case.body["token"])  # type: ignore[index]
         if r.status_code >= 500:
             self.failures.append(f"{what} -> {r.status_code} {text[:200]}")
+
+    @staticmethod
+    def send(caller: Caller, request: dict[str, Any]) -> requests.Response:
+        """One call; sent again on a new connection when the first one was dropped (uvicorn
+        closes an idle kept-alive connection after 5 s, which races with reusing it)."""
+        try:
+            return caller.http.request(**request, stream=True, timeout=30)
+        except requests.ConnectionError:
+            caller.http.close()
+            return caller.http.request(**request, stream=True, timeout=30)
 
     def operation(
         self, operation: schemathesis.APIOperation, caller: Caller, cases: int, deadline: float
@@ -230,17 +279,26 @@ def test_no_generated_request_answers_5xx(server: Server) -> None:
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     fuzz = Fuzz(_existing(ann))
+    runner = RunnerCaller(server.url, "runner", _launch_secret(server, fuzz.known["ref"]))
+    runner.sign_in()
+    # the runner first: the users' generated calls may stop or release its instance
+    pairs = [(runner, o) for o in operations if o.path.startswith("/runner/")]
+    pairs += [(caller, operation) for caller in (ann, admin) for operation in operations]
     deadline = started + BUDGET_S
     for round_, cases in enumerate(ROUNDS):
-        for caller, operation in itertools.product([ann, admin], operations):
+        for caller, operation in pairs:
             if round_ == 0 or time.monotonic() < deadline:
                 fuzz.operation(operation, caller, cases, math.inf if round_ == 0 else deadline)
-    everything = {(c.name, o.label) for c in (ann, admin) for o in operations}
+    everything = {(caller.name, operation.label) for caller, operation in pairs}
     missed = sorted(everything - fuzz.reached)
     log = server.log.read_text(errors="replace")
     print(
         f"{fuzz.calls} calls on {len(operations)} operations in {time.monotonic() - started:.0f} s"
     )
+    print(sorted(fuzz.statuses.items()))
+    # each caller got past authentication: its calls reached the routes
+    for caller in (ann, admin, runner):
+        assert any(n == caller.name and status != 401 for n, status in fuzz.statuses), caller.name
     assert not fuzz.failures, f"{len(fuzz.failures)} answers >= 500:\n" + "\n".join(
         fuzz.failures[:40]
     )
