@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import Table, func, select, update
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,6 +32,7 @@ from gpulease.server.orm import (
     User,
 )
 from gpulease.server.services.datasets import quota
+from gpulease.server.services.datasets.bulk import execute_rows
 from gpulease.server.services.datasets.garbage import collect_garbage
 from gpulease.server.services.datasets.keys import (
     KeyRing,
@@ -59,6 +60,7 @@ MAX_PACK_CHUNKS = 10_000
 MAX_PACK_BYTES = 80 * 1024 * 1024
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _IN_BATCH = 500
+_CHUNKS: Table = DatasetChunk.__table__  # type: ignore[assignment]
 
 T = TypeVar("T")
 
@@ -315,19 +317,32 @@ def _reserve(
     new = [sha for sha in sizes if sha not in known]
     if new:
         now = utcnow()
-        session.execute(
-            insert(DatasetChunk.metadata.tables["dataset_chunks"]),
+        execute_rows(
+            session,
+            _CHUNKS,
+            "INSERT INTO dataset_chunks (owner_id, sha256, size, key_wrapped, stored, "
+            '"offset", length, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+            (
+                "owner_id",
+                "sha256",
+                "size",
+                "key_wrapped",
+                "stored",
+                "offset",
+                "length",
+                "created_at",
+            ),
             [
-                {
-                    "owner_id": owner_id,
-                    "sha256": sha,
-                    "size": sizes[sha],
-                    "key_wrapped": wrap_key(ukey, new_key(), chunk_key_scope(owner_id, sha)),
-                    "stored": False,
-                    "offset": 0,
-                    "length": 0,
-                    "created_at": now,
-                }
+                (
+                    owner_id,
+                    sha,
+                    sizes[sha],
+                    wrap_key(ukey, new_key(), chunk_key_scope(owner_id, sha)),
+                    False,
+                    0,
+                    0,
+                    now,
+                )
                 for sha in new
             ],
         )
@@ -386,7 +401,7 @@ def store_chunks(
             if not found.stored:
                 key = unwrap_key(ukey, found.key_wrapped, chunk_key_scope(owner_id, sha))
                 todo.append((found.id, key, data, sha))
-    placements = []
+    placements: list[tuple[int, int, int]] = []
     orphan = None
     if todo:
         pieces = []
@@ -394,27 +409,26 @@ def store_chunks(
         for chunk_id, key, data, sha in todo:
             sealed = seal(key, data, chunk_aad(owner_id, sha))
             pieces.append(sealed)
-            placements.append({"_id": chunk_id, "_offset": offset, "_length": len(sealed)})
+            placements.append((chunk_id, offset, len(sealed)))
             offset += len(sealed)
         pack_key = f"p/{owner_id}/{secrets.token_hex(16)}"
         vault.store.put(pack_key, b"".join(pieces))
         vault.store.sync()
-    chunks = DatasetChunk.metadata.tables["dataset_chunks"]
     with transaction(sessions) as session:
         if placements:
             # Where two pushes sent the same chunk at once, the first one recorded wins.
-            session.execute(
-                update(chunks)
-                .where(chunks.c.id == bindparam("_id"), chunks.c.stored.is_(False))
-                .values(
-                    stored=True,
-                    blob=pack_key,
-                    offset=bindparam("_offset"),
-                    length=bindparam("_length"),
-                ),
-                placements,
+            execute_rows(
+                session,
+                _CHUNKS,
+                'UPDATE dataset_chunks SET stored = ?, blob = ?, "offset" = ?, length = ? '
+                "WHERE id = ? AND stored = ?",
+                ("stored", "blob", "offset", "length", "id", "stored"),
+                [
+                    (True, pack_key, offset, length, chunk_id, False)
+                    for chunk_id, offset, length in placements
+                ],
             )
-            used = session.scalar(select(func.count()).where(chunks.c.blob == pack_key))
+            used = session.scalar(select(func.count()).where(_CHUNKS.c.blob == pack_key))
             if not used:  # another push stored all of them first
                 orphan = pack_key
         session.execute(

@@ -43,9 +43,9 @@ class Manifest:
         return frozenset(sha for f in self.files for sha in f.chunks)
 
     def encode(self) -> bytes:
-        rows = [[f.path, f.size, list(f.chunks)] for f in self.files]
+        rows = [(f.path, f.size, f.chunks) for f in self.files]  # tuples: JSON arrays
         text = json.dumps({"format": MANIFEST_FORMAT, "chunk_size": CHUNK_SIZE, "files": rows})
-        return zlib.compress(text.encode(), 6)
+        return zlib.compress(text.encode(), 1)  # hex digests: level 1 packs them as well
 
     @classmethod
     def decode(cls, data: bytes) -> Manifest:
