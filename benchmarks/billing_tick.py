@@ -1,6 +1,8 @@
 """A billing tick over N running instances (default 10,000): milliseconds per tick on SQLite
 and on PostgreSQL, beside a bare bulk insert of N rows into the same database in the same
-run (the floor any per-instance write has to stand on).
+run, in turns with the ticks (the floor any per-instance write has to stand on). Every tick
+bills all N segments (each a minute further on), so each writes N transactions, 2N
+entries and N segment updates.
 
     .venv/bin/python benchmarks/billing_tick.py [-n 10000] [--pg postgresql://root@127.0.0.1/test]
 """
@@ -74,25 +76,19 @@ def prepare(url: str, n: int) -> None:
     engine.dispose()
 
 
-def tick_ms(url: str, rounds: int) -> list[float]:
+def measure(url: str, n: int, rounds: int) -> tuple[list[float], list[float]]:
+    """Milliseconds of each tick and of each bulk insert of n rows, taken in turns so that
+    load from the rest of the host falls on both alike."""
     from gpulease.server.services import metering
 
     engine = make_engine(url)
     sessions = make_sessionmaker(engine)
-    samples = []
+    ticks, inserts = [], []
     for r in range(rounds):
         started = time.perf_counter()
         with transaction(sessions) as session:
             metering.charge_open_segments(session, utcnow() + timedelta(seconds=60 * (r + 1)))
-        samples.append((time.perf_counter() - started) * 1000)
-    engine.dispose()
-    return samples
-
-
-def bulk_insert_ms(url: str, n: int, rounds: int) -> list[float]:
-    engine = make_engine(url)
-    samples = []
-    for r in range(rounds):
+        ticks.append((time.perf_counter() - started) * 1000)
         now = utcnow()
         rows = [
             {"user_id": 1, "kind": "bench", "message": f"{r}-{i}", "created_at": now}
@@ -101,9 +97,9 @@ def bulk_insert_ms(url: str, n: int, rounds: int) -> list[float]:
         started = time.perf_counter()
         with engine.begin() as conn:
             conn.execute(insert(Notification), rows)
-        samples.append((time.perf_counter() - started) * 1000)
+        inserts.append((time.perf_counter() - started) * 1000)
     engine.dispose()
-    return samples
+    return ticks, inserts
 
 
 def main() -> None:
@@ -131,8 +127,7 @@ def main() -> None:
                 with console.status(f"{label}: preparing {args.n:,} instances"):
                     prepare(url, args.n)
                 with console.status(f"{label}: ticking"):
-                    ticks = tick_ms(url, args.rounds)
-                    inserts = bulk_insert_ms(url, args.n, args.rounds)
+                    ticks, inserts = measure(url, args.n, args.rounds)
                 t, b = statistics.median(ticks), statistics.median(inserts)
                 table.add_row(label, f"{t:,.0f}", f"{b:,.0f}", f"{t / b:.1f}×")
                 emit(

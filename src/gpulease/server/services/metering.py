@@ -187,20 +187,24 @@ def charge_open_segments(
     naive_now = now.replace(tzinfo=None)
     table = UsageSegment.__table__
     # Core, not ORM, rows; started_at and offpeak raw (strings on SQLite), decoded here
-    open_segments = session.connection().execute(
-        select(
-            table.c.id,
-            table.c.owner_id,
-            table.c.team_id,
-            table.c.hourly_micro,
-            type_coerce(table.c.offpeak, String()),
-            type_coerce(table.c.started_at, String()),
-            table.c.billed_seconds,
-            table.c.charged_micro,
+    open_segments = (
+        session.connection()
+        .execute(
+            select(
+                table.c.id,
+                table.c.owner_id,
+                table.c.team_id,
+                table.c.hourly_micro,
+                type_coerce(table.c.offpeak, String()),
+                type_coerce(table.c.started_at, String()),
+                table.c.billed_seconds,
+                table.c.charged_micro,
+            )
+            .where(table.c.ended_at.is_(None))
+            .order_by(table.c.id)
+            .with_for_update(skip_locked=True)
         )
-        .where(table.c.ended_at.is_(None))
-        .order_by(table.c.id)
-        .with_for_update(skip_locked=True)
+        .all()
     )
     windows_of: dict[str, list[OffPeakWindow]] = {}
     bills: list[tuple[int, int, int, int, int, int | None]] = []
@@ -264,15 +268,14 @@ _TICK_STATEMENTS = (
     "s.gpu_model || ' × ' || s.gpu_count || ' ' || s.plan || ', segment ' || s.id "
     "|| ', seconds ' || s.billed_seconds || '–' || b.seconds, "
     "s.owner_id, s.instance_id, :now "
-    "FROM {bills} AS b JOIN usage_segments AS s ON s.id = b.id "
-    "WHERE b.amount > 0 ORDER BY b.id",
-    # each transaction's two legs: the wallet pays, revenue earns
+    "FROM {bills} AS b JOIN usage_segments AS s ON s.id = b.id WHERE b.amount > 0",
+    # each transaction's two legs: the wallet pays, revenue earns (CROSS JOIN keeps the
+    # legs the inner loop on SQLite: each bill's transaction is looked up once)
     "INSERT INTO ledger_entries (transaction_id, account_id, amount, created_at) "
     "SELECT t.id, CASE WHEN leg.n = 0 THEN b.wallet ELSE :revenue END, "
     "CASE WHEN leg.n = 0 THEN -b.amount ELSE b.amount END, :now "
     f"FROM {{bills}} AS b JOIN ledger_transactions AS t ON t.idempotency_key = {_KEY} "
-    "CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1) AS leg "
-    "WHERE b.amount > 0 ORDER BY t.id, leg.n",
+    "CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1) AS leg WHERE b.amount > 0",
     "UPDATE usage_segments SET billed_seconds = b.seconds, charged_micro = b.due "
     "FROM {bills} AS b WHERE usage_segments.id = b.id",
 )
