@@ -7,8 +7,8 @@ fixture replaces that one function so every command talks to the in-process app.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,27 +16,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "client"))
 sys.path.insert(0, str(Path(__file__).parent))  # also under --import-mode=importlib
 
-from inprocess import InProcessServer, prepare_home, server_from_template  # noqa: E402
+from inprocess import InProcessServer, server, template_home  # noqa: E402,F401  (fixtures)
 from wired_cli import Cli  # noqa: E402
 
 from gpulease.cli import connection, instances  # noqa: E402
 from gpulease.client import GpuleaseClient  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def template_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    home = tmp_path_factory.mktemp("template") / "home"
-    return home, prepare_home(home)
+from gpulease.server import runner_socket  # noqa: E402
 
 
 @pytest.fixture
-def server(template_home: tuple[Path, dict[str, str]], tmp_path: Path) -> Iterator[InProcessServer]:
-    with server_from_template(template_home, tmp_path / "home") as running:
-        yield running
-
-
-@pytest.fixture
-def cli(server: InProcessServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
+def cli(server: InProcessServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:  # noqa: F811
     config = tmp_path / "config" / "config.json"
     monkeypatch.setenv("GPULEASE_CONFIG", str(config))
     monkeypatch.delenv("GPULEASE_SERVER", raising=False)
@@ -47,3 +36,22 @@ def cli(server: InProcessServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     )
     monkeypatch.setattr(instances, "POLL_INTERVAL_S", 0.01)
     return Cli(server, config)
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, Any]]:
+    """Keep `gpulease server` from serving: record what it would hand uvicorn (through
+    server.runner_socket.serve, which also listens on the runners' socket)."""
+    calls: list[dict[str, Any]] = []
+
+    def serve(app: Any, settings: Any, **options: Any) -> None:
+        calls.append({"host": settings.host, "port": settings.port, **options})
+
+    monkeypatch.setattr(runner_socket, "serve", serve)
+    for name in ("ADMIN_PASSWORD", "DATABASE_URL", "HOST", "PORT", "ENVIRONMENT", "PUBLIC_URL"):
+        monkeypatch.delenv(f"GPULEASE_{name}", raising=False)
+    monkeypatch.setenv("GPULEASE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPULEASE_SIMULATED_GPUS", "T4:1")
+    monkeypatch.setenv("GPULEASE_NODE_NAME", "box")
+    monkeypatch.setenv("COLUMNS", "200")
+    return calls

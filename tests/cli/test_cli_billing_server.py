@@ -13,7 +13,6 @@ from wired_cli import Cli
 from gpulease.cli.main import app
 from gpulease.core.money import format_credits
 from gpulease.schemas.instances import InstanceCreate
-from gpulease.server import runner_socket
 
 
 def test_balance_and_usage(cli: Cli) -> None:
@@ -63,28 +62,10 @@ def test_admin_grant_and_users(cli: Cli) -> None:
     assert names == {"admin", "ann", "bob"}
 
 
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, Any]]:
-    """Keep `gpulease server` from serving: record what it would hand uvicorn (through
-    server.runner_socket.serve, which also listens on the runners' socket)."""
-    calls: list[dict[str, Any]] = []
-
-    def serve(app: Any, settings: Any, **options: Any) -> None:
-        calls.append({"host": settings.host, "port": settings.port, **options})
-
-    monkeypatch.setattr(runner_socket, "serve", serve)
-    for name in ("ADMIN_PASSWORD", "DATABASE_URL", "HOST", "PORT", "ENVIRONMENT"):
-        monkeypatch.delenv(f"GPULEASE_{name}", raising=False)
-    monkeypatch.setenv("GPULEASE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("GPULEASE_SIMULATED_GPUS", "A100-80GB:2")
-    monkeypatch.setenv("GPULEASE_NODE_NAME", "box")
-    monkeypatch.setenv("COLUMNS", "200")
-    return calls
-
-
 def test_server_prints_a_banner_and_the_first_admin_password_once(
-    served: list[dict[str, Any]], tmp_path: Path
+    served: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("GPULEASE_SIMULATED_GPUS", "A100-80GB:2")
     first = CliRunner().invoke(app, ["server", "--port", "9123"])
     assert first.exit_code == 0, first.output
     assert "http://127.0.0.1:9123" in first.stdout

@@ -11,27 +11,7 @@ from typer.testing import CliRunner
 from gpulease.cli.main import app
 from gpulease.client.trust import pem_fingerprint
 from gpulease.runner import sandbox
-from gpulease.server import runner_socket
 from gpulease.server.settings import Settings
-
-
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, Any]]:
-    """Keep `gpulease server` from serving: record what it would hand uvicorn (through
-    server.runner_socket.serve, which also listens on the runners' socket)."""
-    calls: list[dict[str, Any]] = []
-
-    def serve(app: Any, settings: Any, **options: Any) -> None:
-        calls.append({"host": settings.host, "port": settings.port, **options})
-
-    monkeypatch.setattr(runner_socket, "serve", serve)
-    for name in ("ADMIN_PASSWORD", "DATABASE_URL", "HOST", "PORT", "ENVIRONMENT", "PUBLIC_URL"):
-        monkeypatch.delenv(f"GPULEASE_{name}", raising=False)
-    monkeypatch.setenv("GPULEASE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("GPULEASE_SIMULATED_GPUS", "T4:1")
-    monkeypatch.setenv("GPULEASE_NODE_NAME", "box")
-    monkeypatch.setenv("COLUMNS", "200")
-    return calls
 
 
 def test_without_a_working_bwrap_the_server_refuses_to_start(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gpulease.backends.fake import FakeBackend
 from gpulease.client import GpuleaseClient
@@ -252,3 +253,16 @@ def server_from_template(
     shutil.copytree(template[0], home)
     with in_process_server(home, template[1]) as server:
         yield server
+
+
+# The fixtures the SDK and CLI tests share (their conftests import them).
+@pytest.fixture(scope="session")
+def template_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    home = tmp_path_factory.mktemp("template") / "home"
+    return home, prepare_home(home)
+
+
+@pytest.fixture
+def server(template_home: tuple[Path, dict[str, str]], tmp_path: Path) -> Iterator[InProcessServer]:
+    with server_from_template(template_home, tmp_path / "home") as running:
+        yield running
