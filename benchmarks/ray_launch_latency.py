@@ -1,10 +1,22 @@
-"""Launch latency on the Ray backend: from `gpulease run` to the command's first output line.
+"""Launch latency on the Ray backend, and how fast the fleet follows nodes joining and dying.
 
 Measured against a real server on the Ray backend and a local Ray cluster on loopback (a
-head and two simulated-GPU nodes, as the tests start it), beside a bare Ray actor start
-timed in the same run on the same cluster: a detached actor pinned to a node with
-NodeAffinitySchedulingStrategy, until its first method call returns. That is the floor
-under any runner that Ray starts. Medians of N (default 5).
+head and two simulated-GPU nodes, as the tests start it):
+
+- `gpulease run` → the command's first output line, beside a bare Ray actor start timed in
+  the same run on the same cluster: a detached actor pinned to a node with
+  NodeAffinitySchedulingStrategy, until its first method call returns. That is the floor
+  under any runner that Ray starts.
+- node join → offered: from the start of a new GPU node (Cluster.add_node, which returns
+  once Ray has registered it: timed too) to its GPUs counted in the catalog's total
+  (`GET /api/v1/gpus`).
+- node death → instance stopped: from SIGKILL of a node's raylet and processes to its
+  instance failed with "node NAME left the cluster", beside the time Ray itself takes to
+  declare the node dead (ray.nodes() says Alive: false). The test cluster's head checks
+  node health every second and gives up after 3 misses; Ray's defaults (a check every 3 s,
+  5 misses) make both figures about 15 s longer.
+
+Medians of N (default 5).
 
     .venv/bin/python benchmarks/ray_launch_latency.py [-n 5]
 """
@@ -16,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -23,9 +36,15 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from launch_latency import first_line_seconds, wait_free  # noqa: E402
+from results import emit  # noqa: E402
 
-from processes import BIN, running_platform  # noqa: E402
-from ray_support import local_ray_cluster  # noqa: E402  (sets Ray's loopback environment)
+from gpulease.client import GpuleaseClient  # noqa: E402
+from gpulease.schemas.accounts import RegisterRequest  # noqa: E402
+from gpulease.schemas.instances import InstanceCreate  # noqa: E402
+from processes import BIN, Platform, running_platform  # noqa: E402
+from ray_support import RayCluster, local_ray_cluster  # noqa: E402  (Ray's loopback env)
+
+POLL_S = 0.05
 
 
 class Ping:
@@ -59,6 +78,68 @@ def bare_actor_seconds(address: str, n: int) -> list[float]:
         ray.shutdown()
 
 
+def until(probe: Callable[[], bool], timeout: float = 120.0) -> float:
+    """Seconds until probe() is true, polled every POLL_S."""
+    started = time.perf_counter()
+    while not probe():
+        if time.perf_counter() - started > timeout:
+            raise RuntimeError(f"not there after {timeout:.0f} s")
+        time.sleep(POLL_S)
+    return time.perf_counter() - started
+
+
+def t4_total(client: GpuleaseClient) -> int:
+    return next((m.total for m in client.catalog.gpus() if m.name == "T4"), 0)
+
+
+def ray_says_dead(node_id: str) -> bool:
+    import ray
+
+    return any(n["NodeID"] == node_id and not n["Alive"] for n in ray.nodes())
+
+
+def fleet_seconds(
+    cluster: RayCluster, client: GpuleaseClient, n: int
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per sample: a T4 node starts (seconds until Ray has it, and until gpulease offers its
+    GPU), an instance starts on it, the node is killed (seconds until Ray says it is dead,
+    and until the instance has failed)."""
+    import ray
+
+    joins, ray_joins, ray_deaths, stops = [], [], [], []
+    ray.init(address=cluster.address, namespace="bench", log_to_driver=False)
+    try:
+        for i in range(n):
+            name = f"bench-t4-{i}"
+            before = t4_total(client)
+            started = time.perf_counter()
+            cluster.add_worker(name, gpus=1, model="T4")  # returns once Ray has the node
+            ray_joins.append(time.perf_counter() - started)
+            node_id = cluster.workers[name].node_id
+            until(lambda: t4_total(client) > before)  # noqa: B023
+            joins.append(time.perf_counter() - started)
+            instance = client.instances.create(
+                InstanceCreate(gpu="T4:1", template="python", name=f"bench-{i}")
+            )
+            until(lambda: client.instances.get(instance.id).status == "running")  # noqa: B023
+            killed = time.perf_counter()
+            cluster.kill_worker(name)
+            until(lambda: ray_says_dead(node_id))  # noqa: B023
+            ray_deaths.append(time.perf_counter() - killed)
+            until(lambda: client.instances.get(instance.id).status == "failed")  # noqa: B023
+            stops.append(time.perf_counter() - killed)
+            client.instances.release(instance.id)
+    finally:
+        ray.shutdown()
+    return joins, ray_joins, ray_deaths, stops
+
+
+def user_client(platform: Platform) -> GpuleaseClient:
+    client = GpuleaseClient(platform.url)
+    token = client.auth.register(RegisterRequest(name="fleet", password="bench-pass-1")).token
+    return GpuleaseClient(platform.url, token)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=5)
@@ -88,7 +169,9 @@ def main() -> None:
             for _ in range(args.n):
                 wait_free(platform, "A100-80GB")
                 runs.append(first_line_seconds([*run, "--", "echo hi"], platform.env()))
-    table = Table(title=f"Ray backend launch latency, median of {args.n}")
+            fleet = fleet_seconds(cluster, user_client(platform), args.n)
+    joins, ray_joins, ray_deaths, stops = fleet
+    table = Table(title=f"Ray backend: launch latency and the fleet, median of {args.n}")
     table.add_column("what")
     table.add_column("median s", justify="right")
     table.add_column("min s", justify="right")
@@ -100,7 +183,49 @@ def main() -> None:
         f"{statistics.median(bare):.2f}",
         f"{min(bare):.2f}",
     )
+    table.add_row(
+        "node start → its GPUs offered", f"{statistics.median(joins):.2f}", f"{min(joins):.2f}"
+    )
+    table.add_row(
+        "node start → Ray has it (add_node returns)",
+        f"{statistics.median(ray_joins):.2f}",
+        f"{min(ray_joins):.2f}",
+    )
+    table.add_row(
+        "node killed → instance failed with the reason",
+        f"{statistics.median(stops):.2f}",
+        f"{min(stops):.2f}",
+    )
+    table.add_row(
+        "node killed → Ray says it is dead",
+        f"{statistics.median(ray_deaths):.2f}",
+        f"{min(ray_deaths):.2f}",
+    )
     console.print(table)
+    emit(
+        "`gpulease run` → first line (Ray backend)",
+        f"{statistics.median(runs):.2f} s",
+        f"bare pinned actor {statistics.median(bare):.2f} s",
+        f"{statistics.median(runs) / statistics.median(bare):.1f}×",
+        "",
+        None,
+    )
+    emit(
+        "Ray node start → its GPUs offered in the catalog",
+        f"{statistics.median(joins):.2f} s",
+        f"Ray has the node after {statistics.median(ray_joins):.2f} s",
+        f"+{statistics.median(joins) - statistics.median(ray_joins):.2f} s",
+        "within seconds",
+        statistics.median(joins) < 10,
+    )
+    emit(
+        "Ray node killed → its instance failed with the reason",
+        f"{statistics.median(stops):.2f} s",
+        f"Ray declares it dead after {statistics.median(ray_deaths):.2f} s",
+        f"+{statistics.median(stops) - statistics.median(ray_deaths):.2f} s",
+        "about 30 s",
+        statistics.median(stops) < 30,
+    )
 
 
 if __name__ == "__main__":
