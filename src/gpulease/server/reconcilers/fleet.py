@@ -96,9 +96,9 @@ def node_left(session: Session, node: Node) -> None:
         last_seen = instance.last_heartbeat_at or instance.runner_launched_at
         new = STOPPED if instance.status == STOPPING else FAILED
         if instance.plan == plans.SPOT and instance.desired_state == "running":
-            # as if preempted: stopped, then queued again with the runs it was running
+            # as if preempted now: stopped, then queued again with the runs unfinished now
             # (services/preemption.requeue_stopped), on a node that is still there
-            instance.preempted_at = last_seen or utcnow()
+            instance.preempted_at = utcnow()
             new = STOPPED
         switch_status(session, instance, new, reason, at=last_seen)
         again = "; it is queued again" if instance.preempted_at is not None else ""
