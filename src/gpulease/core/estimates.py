@@ -9,6 +9,7 @@ from decimal import Decimal
 from gpulease.core.catalog import Catalog, GpuModel
 from gpulease.core.errors import InvalidInput
 from gpulease.core.money import SECONDS_PER_HOUR, cost_for_seconds, ncu
+from gpulease.core.numbers import parse_whole
 
 # -- what the estimate counts ----------------------------------------------------------------
 #
@@ -213,17 +214,7 @@ def _whole(name: str, raw: str | int | None, low: int, high: int, default: int |
         if default is None:
             raise InvalidInput(f"{name} is missing. {valid_inputs()}")
         return default
-    try:
-        value = int(str(raw).strip().replace("_", ""))
-    except ValueError:
-        raise InvalidInput(
-            f"{name} must be a whole number, not {raw!r}. {valid_inputs()}"
-        ) from None
-    if not low <= value <= high:
-        raise InvalidInput(
-            f"{name} must be from {low:,} to {high:,}, not {value:,}. {valid_inputs()}"
-        )
-    return value
+    return parse_whole(raw, name, low, high, hint=f". {valid_inputs()}")
 
 
 def parse_request(

@@ -54,7 +54,7 @@ class NodePublic(Model):
     gpus: list[GpuPublic]
 
 
-class TemplateAvailabilityPublic(BaseModel):
+class TemplateAvailabilityPublic(Model):
     """Whether instances of one GPU model can run a template (services/templates)."""
 
     model: str

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, select
 
+from gpulease.core.records import from_attributes
 from gpulease.gpus.discovery import Nvml
 from gpulease.gpus.sampling import GpuReading, read_gpus
 from gpulease.server.db import transaction, utcnow
@@ -50,18 +51,7 @@ def sample_gpus(rt: Runtime, reader: Reader = read_gpus, nvml: Nvml | None = Non
         stored = metrics.ingest_node_readings(
             session,
             node_id,
-            [
-                metrics.GpuReadingIn(
-                    uuid=r.uuid,
-                    time=r.time,
-                    util_pct=r.util_pct,
-                    memory_used_mb=r.memory_used_mb,
-                    memory_total_mb=r.memory_total_mb,
-                    power_w=r.power_w,
-                    temperature_c=r.temperature_c,
-                )
-                for r in readings
-            ],
+            [from_attributes(metrics.GpuReadingIn, r) for r in readings],
         )
     for r in readings:
         _written[r.uuid] = datetime.fromtimestamp(r.time, UTC)

@@ -16,17 +16,7 @@ from gpulease.server.orm import (
     LedgerTransaction,
 )
 from gpulease.server.services import ledger
-from gpulease.server.services.instances.states import (
-    FAILED,
-    QUEUED,
-    RELEASED,
-    RUNNING,
-    STARTING,
-    STOPPED,
-    STOPPING,
-)
-
-STATES = (QUEUED, STARTING, RUNNING, STOPPING, STOPPED, RELEASED, FAILED)
+from gpulease.server.services.instances.states import ALL_STATES, QUEUED
 
 
 def instances_by_state(session: Session) -> dict[str, int]:
@@ -36,8 +26,8 @@ def instances_by_state(session: Session) -> dict[str, int]:
             select(Instance.status, func.count(Instance.id)).group_by(Instance.status)
         ).all()
     )
-    return {state: int(counts.get(state, 0)) for state in STATES} | {
-        state: int(n) for state, n in counts.items() if state not in STATES
+    return {state: int(counts.get(state, 0)) for state in ALL_STATES} | {
+        state: int(n) for state, n in counts.items() if state not in ALL_STATES
     }
 
 

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import Conflict, InvalidInput
+from gpulease.core.records import from_attributes
 from gpulease.schemas.notifications import (
     EmailChannelPublic,
     NotificationChannelsPublic,
@@ -226,15 +227,6 @@ def recent_deliveries(session: Session, user: User, limit: int = 10) -> list[Del
         .limit(limit)
     ).all()
     return [
-        DeliveryRow(
-            channel=channel,
-            kind=n.kind,
-            message=n.message,
-            status=d.status,
-            attempts=d.attempts,
-            last_error=d.last_error,
-            created_at=d.created_at,
-            delivered_at=d.delivered_at,
-        )
+        from_attributes(DeliveryRow, d, channel=channel, kind=n.kind, message=n.message)
         for d, channel, n in rows
     ]

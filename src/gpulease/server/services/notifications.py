@@ -7,9 +7,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpulease.core.errors import NotFound
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Notification, NotificationChannel, NotificationDelivery, User
+from gpulease.server.services.rows import find_all, get_owned
 
 # What a user can choose to receive on a channel; a kind not listed here always goes out.
 CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -95,20 +95,23 @@ def _queue_deliveries(session: Session, notification: Notification) -> None:
 
 
 def recent(session: Session, user_id: int, limit: int = 20) -> list[Notification]:
-    return list(
-        session.scalars(
-            select(Notification)
-            .where(Notification.user_id == user_id)
-            .order_by(Notification.id.desc())
-            .limit(limit)
-        )
+    return find_all(
+        session,
+        Notification,
+        Notification.user_id == user_id,
+        order_by=Notification.id.desc(),
+        limit=limit,
     )
 
 
 def mark_read(session: Session, user: User, notification_id: int) -> Notification:
-    notification = session.get(Notification, notification_id)
-    if notification is None or notification.user_id != user.id:
-        raise NotFound(f"you have no notification {notification_id}; see GET /api/v1/notifications")
+    notification = get_owned(
+        session,
+        Notification,
+        notification_id,
+        f"you have no notification {notification_id}; see GET /api/v1/notifications",
+        user_id=user.id,
+    )
     if notification.read_at is None:
         notification.read_at = utcnow()
     return notification

@@ -8,6 +8,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gpulease.core.records import from_attributes
 from gpulease.server.orm import (
     Gpu,
     Instance,
@@ -18,7 +19,7 @@ from gpulease.server.orm import (
     User,
 )
 from gpulease.server.services import ledger
-from gpulease.server.services.billing.limits import LIVE, Caps
+from gpulease.server.services.billing.limits import LIVE, Caps, caps_from
 
 
 @dataclass(frozen=True)
@@ -55,25 +56,13 @@ def user_accounts(session: Session) -> list[UserAccount]:
     }
     accounts = []
     for user in session.scalars(select(User).order_by(User.id)):
-        row = caps.get(user.id)
         n_live, spend = live.get(user.id, (0, 0))
         accounts.append(
-            UserAccount(
-                id=user.id,
-                name=user.name,
-                email=user.email,
-                role=user.role,
-                created_at=user.created_at,
+            from_attributes(
+                UserAccount,
+                user,
                 balance_micro=int(balances.get(user.id) or 0),
-                caps=Caps(
-                    row.max_hourly_micro,
-                    row.monthly_budget_micro,
-                    row.admin_max_hourly_micro,
-                    row.admin_monthly_budget_micro,
-                    row.low_balance_micro,
-                )
-                if row
-                else Caps(None, None, None, None, None),
+                caps=caps_from(caps.get(user.id)),
                 live_instances=n_live,
                 hourly_spend_micro=spend,
             )
@@ -128,30 +117,13 @@ def fleet(session: Session) -> list[NodeView]:
         select(Gpu).where(Gpu.present.is_(True)).order_by(Gpu.node_id, Gpu.index)
     ):
         gpus.setdefault(g.node_id, []).append(
-            GpuSlot(
-                index=g.index,
-                uuid=g.uuid,
-                model=g.model,
-                nvml_name=g.nvml_name,
-                memory_mb=g.memory_mb,
-                simulated=g.simulated,
-                instance_id=g.instance_id,
+            from_attributes(
+                GpuSlot,
+                g,
                 holder=holders.get(g.instance_id) if g.instance_id is not None else None,
             )
         )
     return [
-        NodeView(
-            id=n.id,
-            name=n.name,
-            backend=n.backend,
-            hostname=n.hostname,
-            status=n.status,
-            driver_version=n.driver_version,
-            cuda_version=n.cuda_version,
-            cpu_count=n.cpu_count,
-            memory_mb=n.memory_mb,
-            last_seen_at=n.last_seen_at,
-            gpus=gpus.get(n.id, []),
-        )
+        from_attributes(NodeView, n, gpus=gpus.get(n.id, []))
         for n in session.scalars(select(Node).order_by(Node.id))
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpulease.core.errors import Conflict, NotFound, Unauthorized
+from gpulease.core.errors import Conflict, Unauthorized
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, Run
 from gpulease.server.security import hash_token
@@ -18,6 +18,7 @@ from gpulease.server.services.instances.states import (
     STOPPING,
     switch_status,
 )
+from gpulease.server.services.rows import find_all, get_owned
 from gpulease.server.services.runs import is_finished, notify_run_ended
 
 
@@ -71,20 +72,17 @@ def pending_runs(session: Session, instance: Instance) -> list[Run]:
     _seen(instance)
     if instance.status != RUNNING:
         return []
-    return list(
-        session.scalars(
-            select(Run)
-            .where(Run.instance_id == instance.id, Run.status == "pending")
-            .order_by(Run.id)
-        )
-    )
+    return find_all(session, Run, Run.instance_id == instance.id, Run.status == "pending")
 
 
 def run_of(session: Session, instance: Instance, run_id: int) -> Run:
-    run = session.get(Run, run_id)
-    if run is None or run.instance_id != instance.id:
-        raise NotFound(f"run {run_id} does not belong to this instance")
-    return run
+    return get_owned(
+        session,
+        Run,
+        run_id,
+        f"run {run_id} does not belong to this instance",
+        instance_id=instance.id,
+    )
 
 
 def run_started(session: Session, instance: Instance, run: Run) -> None:

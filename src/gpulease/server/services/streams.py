@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 from starlette.websockets import WebSocket
 
-from gpulease.core.errors import NotFound, Unauthorized
+from gpulease.core.errors import GpuleaseError, NotFound, Unauthorized
 from gpulease.server.db import utcnow
 from gpulease.server.services import tokens
 from gpulease.server.services.instances import activity, lifecycle
@@ -37,13 +37,11 @@ ACTIVITY_EVERY_S = 10.0
 MAX_REF = 64
 
 
-class StreamUnavailable(Exception):
+class StreamUnavailable(GpuleaseError):
     """The runner did not connect the stream in time (it is busy, gone, or on another
     replica); the message says so for people."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    status = 503
 
 
 @dataclass(frozen=True)

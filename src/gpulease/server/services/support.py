@@ -12,6 +12,7 @@ from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, LogChunk, Run, SupportMessage, SupportTicket, User
 from gpulease.server.services import notifications
 from gpulease.server.services.instances.lifecycle import get_instance
+from gpulease.server.services.rows import find_all
 
 MAX_SUBJECT = 200
 MAX_BODY = 10_000
@@ -135,13 +136,7 @@ def get_ticket(session: Session, user: User, ticket_id: int) -> SupportTicket:
 
 
 def messages(session: Session, ticket: SupportTicket) -> list[SupportMessage]:
-    return list(
-        session.scalars(
-            select(SupportMessage)
-            .where(SupportMessage.ticket_id == ticket.id)
-            .order_by(SupportMessage.id)
-        )
-    )
+    return find_all(session, SupportMessage, SupportMessage.ticket_id == ticket.id)
 
 
 def add_message(session: Session, user: User, ticket_id: int, body: str) -> SupportMessage:

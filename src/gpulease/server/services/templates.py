@@ -17,15 +17,17 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import CPU_MODEL, Catalog
 from gpulease.core.errors import Conflict, InvalidInput, NotFound
+from gpulease.core.names import NameRule
 from gpulease.core.templates import BUILTIN_TEMPLATES, Template, find_builtin, get_template
 from gpulease.envs.compat import NodeFacts, check, compatible_templates, note
 from gpulease.scheduler.fifo import Request
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Gpu, Instance, Node, User, UserTemplate
 from gpulease.server.services.instances.states import RELEASED, RUNNING
+from gpulease.server.services.rows import find_all, get_owned, insert
 
 USER_PREFIX = "mine/"
-NAME_RE = re.compile(r"^[a-z][a-z0-9._-]{0,47}$")
+TEMPLATE_NAME = NameRule("template name", 1, 48, why="it is then used as mine/NAME")
 PENDING, READY, FAILED = "pending", "ready", "failed"
 # A `pip freeze` line the recipe keeps: NAME==VERSION (editable installs and local paths
 # cannot be rebuilt elsewhere and are left out).
@@ -350,11 +352,8 @@ def save_from_instance(
     """Queue a snapshot of a running instance's venv as the owner's template `name`; the
     runner answers with `pip freeze` (record_result)."""
     short = user_template_name(name) or name
-    if not NAME_RE.match(short):
-        raise InvalidInput(
-            f"{name!r} is not a valid template name: use 1-48 lowercase letters, digits, '.', "
-            "'_' and '-', starting with a letter (it is then used as mine/NAME)"
-        )
+    if not TEMPLATE_NAME.pattern.fullmatch(short):
+        raise InvalidInput(f"{name!r} is not a valid {TEMPLATE_NAME.what}: {TEMPLATE_NAME.rule}")
     if instance.status != RUNNING:
         raise Conflict(
             f"instance {instance.name} is {instance.status}: its environment can be saved only "
@@ -384,19 +383,16 @@ def save_from_instance(
         instance_id=instance.id,
         created_at=utcnow(),
     )
-    session.add(row)
-    session.flush()
-    return row
+    return insert(session, row)
 
 
 def pending_tasks(session: Session, instance: Instance) -> list[UserTemplate]:
     """Snapshot tasks the instance's runner has not answered yet."""
-    return list(
-        session.scalars(
-            select(UserTemplate)
-            .where(UserTemplate.instance_id == instance.id, UserTemplate.status == PENDING)
-            .order_by(UserTemplate.id)
-        )
+    return find_all(
+        session,
+        UserTemplate,
+        UserTemplate.instance_id == instance.id,
+        UserTemplate.status == PENDING,
     )
 
 
@@ -421,9 +417,8 @@ def record_result(
 ) -> None:
     """Store the runner's answer to snapshot task `task_id`. Idempotent: a repeated answer
     for a task already done changes nothing. Another instance's task is not found."""
-    row = session.get(UserTemplate, task_id)
-    if row is None or row.instance_id != instance.id:
-        raise NotFound(f"this instance has no task {task_id}")
+    missing = f"this instance has no task {task_id}"
+    row = get_owned(session, UserTemplate, task_id, missing, instance_id=instance.id)
     if row.status != PENDING:
         return
     if error is not None:

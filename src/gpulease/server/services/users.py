@@ -2,30 +2,26 @@
 
 from __future__ import annotations
 
-import re
 import secrets
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpulease.core.errors import Conflict, InvalidInput, NotFound, Unauthorized
+from gpulease.core.errors import Conflict, InvalidInput, Unauthorized
+from gpulease.core.names import NameRule
 from gpulease.server.db import utcnow
 from gpulease.server.orm import User
 from gpulease.server.security import hash_password, verify_password
 from gpulease.server.services import ledger
+from gpulease.server.services.rows import find_all, find_one
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{1,31}$")
+USER_NAME = NameRule("user name", 2, 32)
 MIN_PASSWORD = 8
 
 
 def validate_name(name: str) -> str:
-    if not NAME_RE.match(name):
-        raise InvalidInput(
-            f"{name!r} is not a valid user name: use 2-32 lowercase letters, digits, '.', '_' "
-            "or '-', starting with a letter"
-        )
-    return name
+    return USER_NAME.check(name)
 
 
 def validate_password(password: str) -> str:
@@ -81,14 +77,11 @@ def authenticate(session: Session, name: str, password: str) -> User:
 
 
 def get_user_by_name(session: Session, name: str) -> User:
-    user = session.scalar(select(User).where(User.name == name))
-    if user is None:
-        raise NotFound(f"no user named {name!r}")
-    return user
+    return find_one(session, User, User.name == name, missing=f"no user named {name!r}")
 
 
 def list_users(session: Session) -> list[User]:
-    return list(session.scalars(select(User).order_by(User.id)))
+    return find_all(session, User)
 
 
 def ensure_admin(session: Session, name: str, password: str | None) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from gpulease.core.money import format_credits, ncu
+from gpulease.core.records import from_attributes
 from gpulease.schemas.catalog import GpuModelPublic, NodePublic
 from gpulease.server.routers.deps import AdminUser, CurrentUser, SessionDep, runtime
 from gpulease.server.services import nodes
@@ -18,18 +19,13 @@ def list_gpu_models(session: SessionDep, _: CurrentUser, request: Request) -> li
     avail = nodes.availability(session, catalog)
     shares = nodes.shares_per_gpu(session, catalog)
     return [
-        GpuModelPublic(
-            name=m.name,
-            is_gpu=m.is_gpu,
-            memory_gb=m.memory_gb,
-            peak_tflops=m.peak_tflops,
+        from_attributes(
+            GpuModelPublic,
+            m,
             ncu_factor=str(m.ncu_factor),
-            hourly_micro=m.hourly_micro,
             hourly=format_credits(m.hourly_micro, catalog.currency_symbol),
             hourly_ncu=f"{ncu(m.hourly_micro, catalog.ncu_reference_hourly_micro):.6f}",
-            daily_micro=m.daily_micro,
             daily=format_credits(m.daily_micro, catalog.currency_symbol),
-            spot_hourly_micro=m.spot_hourly_micro,
             free=avail[m.name].free,
             total=avail[m.name].total,
             simulated=avail[m.name].simulated,

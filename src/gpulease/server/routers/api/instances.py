@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter, BackgroundTasks, Request, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gpulease.schemas.instances import InstanceCreate, InstancePublic, InstanceStart
 from gpulease.schemas.runs import RunCreate, RunPublic
-from gpulease.server.orm import Instance
+from gpulease.server.orm import Instance, User
 from gpulease.server.routers.api import autostop as autostop_api
 from gpulease.server.routers.api.presenters import instance_public
 from gpulease.server.routers.deps import CurrentUser, DetachedUser, SessionDep, runtime
@@ -62,14 +64,27 @@ def show_instance(
     return _public(request, session, lifecycle.get_instance(session, user, ref))
 
 
+def _change_state(
+    request: Request,
+    session: Session,
+    user: User,
+    ref: str,
+    after: BackgroundTasks,
+    change: Callable[[Session, Instance], object],
+) -> InstancePublic:
+    """Apply a state change to the user's instance `ref`, wake the reconcilers after the
+    commit, and answer with the instance as it now is."""
+    instance = lifecycle.get_instance(session, user, ref)
+    change(session, instance)
+    _wake_after_commit(request, after)
+    return _public(request, session, instance)
+
+
 @router.post("/instances/{ref}/stop")
 def stop_instance(
     ref: str, session: SessionDep, user: CurrentUser, request: Request, after: BackgroundTasks
 ) -> InstancePublic:
-    instance = lifecycle.get_instance(session, user, ref)
-    lifecycle.stop_instance(session, instance)
-    _wake_after_commit(request, after)
-    return _public(request, session, instance)
+    return _change_state(request, session, user, ref, after, lifecycle.stop_instance)
 
 
 @router.post("/instances/{ref}/start")
@@ -82,26 +97,27 @@ def start_instance(
     body: InstanceStart | None = None,
 ) -> InstancePublic:
     rt = runtime(request)
-    instance = lifecycle.get_instance(session, user, ref)
-    lifecycle.start_instance(
+    return _change_state(
+        request,
         session,
-        instance,
-        catalog=rt.catalog,
-        min_start_minutes=rt.settings.min_start_minutes,
-        no_gpu=body is not None and body.no_gpu,
+        user,
+        ref,
+        after,
+        lambda session, i: lifecycle.start_instance(
+            session,
+            i,
+            catalog=rt.catalog,
+            min_start_minutes=rt.settings.min_start_minutes,
+            no_gpu=body is not None and body.no_gpu,
+        ),
     )
-    _wake_after_commit(request, after)
-    return _public(request, session, instance)
 
 
 @router.post("/instances/{ref}/release")
 def release_instance(
     ref: str, session: SessionDep, user: CurrentUser, request: Request, after: BackgroundTasks
 ) -> InstancePublic:
-    instance = lifecycle.get_instance(session, user, ref)
-    lifecycle.release_instance(session, instance)
-    _wake_after_commit(request, after)
-    return _public(request, session, instance)
+    return _change_state(request, session, user, ref, after, lifecycle.release_instance)
 
 
 @router.put("/instances/{ref}/workdir", status_code=204)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, BackgroundTasks, Request, Response
 
+from gpulease.core.records import from_attributes
 from gpulease.schemas.catalog import TemplateAvailabilityPublic, TemplatePublic, TemplateSave
 from gpulease.schemas.runner import RUNNER_API, RunnerTaskResult
 from gpulease.server.routers.deps import CurrentUser, IdPath, RunnerInstance, SessionDep, runtime
@@ -16,29 +17,13 @@ runner_router = APIRouter(prefix=RUNNER_API, tags=["runner"])
 
 
 def _availability(items: list[templates.ModelAvailability]) -> list[TemplateAvailabilityPublic]:
-    return [
-        TemplateAvailabilityPublic(
-            model=a.model,
-            available=a.available,
-            reason=a.reason,
-            note=a.note,
-            free=a.free,
-            total=a.total,
-        )
-        for a in items
-    ]
+    return [TemplateAvailabilityPublic.model_validate(a) for a in items]
 
 
 def _public(view: templates.TemplateView) -> TemplatePublic:
-    t = view.template
-    return TemplatePublic(
-        name=t.name,
-        description=t.description,
-        python=t.python,
-        packages=list(t.packages),
-        cuda=t.cuda,
-        label=t.label,
-        extra_index_urls=list(t.extra_index_urls),
+    return from_attributes(
+        TemplatePublic,
+        view.template,
         own=view.own,
         status=view.status,
         error=view.error,

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.errors import InvalidInput, PaymentRequired
 from gpulease.core.money import format_credits
+from gpulease.core.records import from_attributes
 from gpulease.server.orm import (
     Instance,
     LedgerEntry,
@@ -54,17 +55,15 @@ def _row(session: Session, user_id: int) -> SpendingLimit:
     return row
 
 
-def caps_of(session: Session, user_id: int) -> Caps:
-    row = session.get(SpendingLimit, user_id)
+def caps_from(row: SpendingLimit | None) -> Caps:
+    """The caps a user's limits row holds; none at all without a row."""
     if row is None:
         return Caps(None, None, None, None, None)
-    return Caps(
-        row.max_hourly_micro,
-        row.monthly_budget_micro,
-        row.admin_max_hourly_micro,
-        row.admin_monthly_budget_micro,
-        row.low_balance_micro,
-    )
+    return from_attributes(Caps, row)
+
+
+def caps_of(session: Session, user_id: int) -> Caps:
+    return caps_from(session.get(SpendingLimit, user_id))
 
 
 def month_start(now: datetime) -> datetime:

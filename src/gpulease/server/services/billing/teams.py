@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import re
-
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from gpulease.core.names import NameRule
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Team, TeamMember, User
 from gpulease.server.services import users
+from gpulease.server.services.rows import find_one
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{1,63}$")
+TEAM_NAME = NameRule("team name", 2, 64)
 
 
 def create_team(session: Session, owner: User, name: str) -> Team:
-    if not NAME_RE.match(name):
-        raise InvalidInput(
-            f"{name!r} is not a valid team name: 2-64 lowercase letters, digits, '.', '_', '-'"
-        )
+    TEAM_NAME.check(name)
     if session.scalar(select(Team.id).where(Team.name == name)):
         raise Conflict(f"the team name {name!r} is taken; choose another")
     team = Team(name=name, owner_id=owner.id, created_at=utcnow())
@@ -35,10 +32,7 @@ def create_team(session: Session, owner: User, name: str) -> Team:
 
 
 def get_team(session: Session, name: str) -> Team:
-    team = session.scalar(select(Team).where(Team.name == name))
-    if team is None:
-        raise NotFound(f"there is no team named {name!r}")
-    return team
+    return find_one(session, Team, Team.name == name, missing=f"there is no team named {name!r}")
 
 
 def team_for_member(session: Session, user: User, name: str) -> tuple[Team, TeamMember]:

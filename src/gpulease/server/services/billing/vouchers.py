@@ -18,9 +18,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import Conflict, InvalidInput, NotFound
+from gpulease.core.numbers import parse_whole
 from gpulease.server.db import utcnow
 from gpulease.server.orm import User, Voucher, VoucherRedemption
 from gpulease.server.services import ledger
+from gpulease.server.services.rows import insert
 
 CODE_RE = re.compile(r"^[A-Z0-9][A-Z0-9-]{3,63}$")
 MAX_USES = 1_000_000
@@ -28,13 +30,7 @@ MAX_USES = 1_000_000
 
 def parse_use_limit(text: str, what: str) -> int:
     """A typed number of uses (total, or per user): a whole number from 1 to MAX_USES."""
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise InvalidInput(f"{what} must be a whole number, not {text!r}") from None
-    if not 1 <= value <= MAX_USES:
-        raise InvalidInput(f"{what} must be from 1 to {MAX_USES:,}")
-    return value
+    return parse_whole(text, what, 1, MAX_USES)
 
 
 def parse_expiry(text: str, zone: tzinfo) -> datetime | None:
@@ -83,9 +79,7 @@ def create_voucher(
         created_by=admin.id,
         created_at=utcnow(),
     )
-    session.add(voucher)
-    session.flush()
-    return voucher
+    return insert(session, voucher)
 
 
 def list_vouchers(session: Session) -> list[tuple[Voucher, int]]:

@@ -20,9 +20,11 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpulease.core.errors import Conflict, InvalidInput, NotFound
+from gpulease.core.errors import Conflict, InvalidInput
+from gpulease.core.records import from_attributes
 from gpulease.schemas.autostop import AutostopPublic
 from gpulease.server.orm import GpuSample, Instance, Run
+from gpulease.server.services.rows import get_owned
 
 DEFAULT_IDLE_UTIL_PCT = 5.0
 MIN_IDLE_MINUTES = 5
@@ -126,11 +128,13 @@ def set_stop_after_run(session: Session, instance: Instance, run_id: int | None)
     if run_id is None:
         instance.stop_after_run_id = None
         return
-    run = session.get(Run, run_id)
-    if run is None or run.instance_id != instance.id:
-        raise NotFound(
-            f"instance {instance.name} has no run {run_id}; see `gpulease runs` for its runs"
-        )
+    run = get_owned(
+        session,
+        Run,
+        run_id,
+        f"instance {instance.name} has no run {run_id}; see `gpulease runs` for its runs",
+        instance_id=instance.id,
+    )
     if run.status in ("succeeded", "failed"):
         raise Conflict(
             f"run {run_id} already ended ({run.status}); stop the instance now with "
@@ -184,15 +188,14 @@ def public(instance: Instance, ceiling: int | None) -> AutostopPublic:
         started = instance.started_at
         if started is not None:
             runtime_stop = started + timedelta(minutes=instance.max_runtime_minutes)
-    return AutostopPublic(
+    return from_attributes(
+        AutostopPublic,
+        instance,
         instance_id=instance.id,
         idle_util_pct=idle_util_pct(instance),
-        idle_minutes=instance.idle_minutes,
         idle_minutes_effective=minutes,
         idle_ceiling_minutes=ceiling,
-        max_runtime_minutes=instance.max_runtime_minutes,
         stop_after_run=instance.stop_after_run_id,
-        last_activity_at=instance.last_activity_at,
         idle_warned_at=warned,
         idle_stop_at=stop_at,
         max_runtime_stop_at=runtime_stop,

@@ -18,18 +18,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog
-from gpulease.core.errors import GpuleaseError, InvalidInput, NotFound
+from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.server.orm import Instance, InstanceSchedule, User
 from gpulease.server.services import notifications
 from gpulease.server.services.instances import lifecycle
-from gpulease.server.services.instances.states import (
-    FAILED,
-    QUEUED,
-    RELEASED,
-    RUNNING,
-    STARTING,
-    STOPPED,
-)
+from gpulease.server.services.instances.states import ACTIVE, RELEASED, RESTARTABLE
+from gpulease.server.services.rows import find_all, get_owned, insert
 
 ACTIONS = ("start", "stop")
 MAX_PER_INSTANCE = 20
@@ -109,28 +103,22 @@ def add_schedule(
         next_fire_at=next_fire(expr, zone_name, now),
         created_at=now,
     )
-    session.add(schedule)
-    session.flush()
-    return schedule
+    return insert(session, schedule)
 
 
 def list_schedules(session: Session, instance: Instance) -> list[InstanceSchedule]:
-    return list(
-        session.scalars(
-            select(InstanceSchedule)
-            .where(InstanceSchedule.instance_id == instance.id)
-            .order_by(InstanceSchedule.id)
-        )
-    )
+    return find_all(session, InstanceSchedule, InstanceSchedule.instance_id == instance.id)
 
 
 def remove_schedule(session: Session, instance: Instance, schedule_id: int) -> None:
-    schedule = session.get(InstanceSchedule, schedule_id)
-    if schedule is None or schedule.instance_id != instance.id:
-        raise NotFound(
-            f"instance {instance.name} has no schedule {schedule_id}; "
-            f"see `gpulease instance schedule ls {instance.name}`"
-        )
+    schedule = get_owned(
+        session,
+        InstanceSchedule,
+        schedule_id,
+        f"instance {instance.name} has no schedule {schedule_id}; "
+        f"see `gpulease instance schedule ls {instance.name}`",
+        instance_id=instance.id,
+    )
     session.delete(schedule)
     session.flush()
 
@@ -166,7 +154,7 @@ def fire(
         session.delete(schedule)
         return
     what = f"schedule {schedule.id} ({schedule.action} at {schedule.cron!r}, {schedule.timezone})"
-    if schedule.action == "start" and instance.status in (STOPPED, FAILED):
+    if schedule.action == "start" and instance.status in RESTARTABLE:
         try:
             with session.begin_nested():
                 lifecycle.start_instance(
@@ -180,7 +168,7 @@ def fire(
                 "schedule_failed",
                 f"instance {instance.name}: the scheduled start did not happen: {exc.message}",
             )
-    elif schedule.action == "stop" and instance.status in (QUEUED, STARTING, RUNNING):
+    elif schedule.action == "stop" and instance.status in ACTIVE:
         lifecycle.stop_instance(session, instance, f"stopped by its {what}; workspace kept")
     schedule.last_fired_at = schedule.next_fire_at
     schedule.next_fire_at = next_fire(

@@ -29,8 +29,13 @@ QUEUED, STARTING, RUNNING, STOPPING, STOPPED, RELEASED, FAILED = (
     "released",
     "failed",
 )
+ALL_STATES = (QUEUED, STARTING, RUNNING, STOPPING, STOPPED, RELEASED, FAILED)
 LIVE = (STARTING, RUNNING, STOPPING)
 HOLDS_GPUS = LIVE
+# Asked to run and not yet asked to stop: what a stop acts on and what a new run may join.
+ACTIVE = (QUEUED, STARTING, RUNNING)
+# Down but kept: what a start (queued again) acts on.
+RESTARTABLE = (STOPPED, FAILED)
 
 TRANSITIONS: dict[str, set[str]] = {
     QUEUED: {STARTING, STOPPED, RELEASED, FAILED},
