@@ -13,7 +13,7 @@ from gpulease.schemas.autostop import (
     TimezoneUpdate,
 )
 from gpulease.schemas.instances import InstancePublic, ResizeRequest
-from gpulease.server.db import utcnow
+from gpulease.server.routers.api.clock import Now
 from gpulease.server.routers.api.presenters import instance_public
 from gpulease.server.routers.deps import CurrentUser, IdPath, SessionDep, runtime
 from gpulease.server.services.instances import autostop, lifecycle, resize, schedules
@@ -49,7 +49,7 @@ def set_autostop(
 
 @router.post("/instances/{ref}/schedules", status_code=201)
 def add_schedule(
-    ref: str, body: ScheduleCreate, session: SessionDep, user: CurrentUser
+    ref: str, body: ScheduleCreate, session: SessionDep, user: CurrentUser, now: Now
 ) -> SchedulePublic:
     instance = lifecycle.get_instance(session, user, ref)
     schedule = schedules.add_schedule(
@@ -59,7 +59,7 @@ def add_schedule(
         action=body.action,
         cron=body.cron,
         timezone=body.timezone,
-        now=utcnow(),
+        now=now,
     )
     return SchedulePublic.model_validate(schedule)
 
@@ -97,6 +97,8 @@ def resize_instance(
 
 
 @router.put("/me/timezone")
-def set_timezone(body: TimezoneUpdate, session: SessionDep, user: CurrentUser) -> UserPublic:
-    schedules.set_user_timezone(session, user, body.timezone, utcnow())
+def set_timezone(
+    body: TimezoneUpdate, session: SessionDep, user: CurrentUser, now: Now
+) -> UserPublic:
+    schedules.set_user_timezone(session, user, body.timezone, now)
     return UserPublic.model_validate(user)

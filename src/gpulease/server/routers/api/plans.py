@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
@@ -16,6 +18,7 @@ from gpulease.core.pricing import (
     parse_discount_bp,
     parse_weekdays,
 )
+from gpulease.core.records import from_attributes
 from gpulease.schemas.billing import (
     AdminLimitsUpdate,
     LimitsPublic,
@@ -28,8 +31,8 @@ from gpulease.schemas.billing import (
     VoucherRedeem,
 )
 from gpulease.schemas.ledger import Balance
-from gpulease.server.db import utcnow
 from gpulease.server.orm import Voucher
+from gpulease.server.routers.api.clock import Now
 from gpulease.server.routers.api.presenters import balance_public
 from gpulease.server.routers.deps import (
     AdminUser,
@@ -161,53 +164,55 @@ def redeem_voucher(
     return balance_public(ledger.balance(session, user.id), runtime(request).catalog)
 
 
-def _limits_public(session: Session, user_id: int) -> LimitsPublic:
+def _limits_public(session: Session, user_id: int, now: datetime) -> LimitsPublic:
     caps = limits.caps_of(session, user_id)
-    return LimitsPublic(
-        max_hourly_micro=caps.max_hourly_micro,
-        monthly_budget_micro=caps.monthly_budget_micro,
-        admin_max_hourly_micro=caps.admin_max_hourly_micro,
-        admin_monthly_budget_micro=caps.admin_monthly_budget_micro,
-        low_balance_micro=caps.low_balance_micro,
+    return from_attributes(
+        LimitsPublic,
+        caps,
         effective_max_hourly_micro=caps.hourly,
         effective_monthly_budget_micro=caps.monthly,
         hourly_spend_micro=limits.hourly_spend(session, user_id),
-        month_spend_micro=limits.month_spend(session, user_id, utcnow()),
+        month_spend_micro=limits.month_spend(session, user_id, now),
     )
 
 
 @router.get("/limits")
-def show_limits(session: SessionDep, user: CurrentUser) -> LimitsPublic:
-    return _limits_public(session, user.id)
+def show_limits(session: SessionDep, user: CurrentUser, now: Now) -> LimitsPublic:
+    return _limits_public(session, user.id, now)
 
 
 @router.put("/limits")
 def set_limits(
-    body: LimitsUpdate, session: SessionDep, user: CurrentUser, request: Request
+    body: LimitsUpdate, session: SessionDep, user: CurrentUser, request: Request, now: Now
 ) -> LimitsPublic:
     limits.set_user_caps(
         session,
         user.id,
-        utcnow(),
+        now,
         max_hourly_micro=credits(body.max_hourly, "max hourly spend"),
         monthly_budget_micro=credits(body.monthly_budget, "monthly budget"),
         low_balance_micro=credits(body.low_balance, "low-balance threshold"),
         symbol=runtime(request).catalog.currency_symbol,
     )
-    return _limits_public(session, user.id)
+    return _limits_public(session, user.id, now)
 
 
 @router.put("/admin/users/{name}/limits")
 def set_admin_limits(
-    name: str, body: AdminLimitsUpdate, session: SessionDep, _: AdminUser, request: Request
+    name: str,
+    body: AdminLimitsUpdate,
+    session: SessionDep,
+    _: AdminUser,
+    request: Request,
+    now: Now,
 ) -> LimitsPublic:
     user = users.get_user_by_name(session, name)
     limits.set_admin_caps(
         session,
         user.id,
-        utcnow(),
+        now,
         max_hourly_micro=credits(body.max_hourly, "max hourly spend"),
         monthly_budget_micro=credits(body.monthly_budget, "monthly budget"),
         symbol=runtime(request).catalog.currency_symbol,
     )
-    return _limits_public(session, user.id)
+    return _limits_public(session, user.id, now)

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from gpulease.schemas.statements import RevenuePublic, StatementPublic
+from gpulease.server.routers.api.clock import Now
 from gpulease.server.routers.deps import AdminUser, CurrentUser, SessionDep, runtime
 from gpulease.server.services import statements
 
@@ -19,10 +20,12 @@ Tz = Annotated[str | None, Query(max_length=64)]
 
 
 def _period(
-    request: Request, start: From = None, end: To = None, tz: Tz = None
+    request: Request, now: Now, start: From = None, end: To = None, tz: Tz = None
 ) -> statements.Period:
-    """?from=&to=&tz= as typed; the zone defaults to the operator's (GPULEASE_TIMEZONE)."""
-    return statements.parse_period(start, end, tz or runtime(request).settings.timezone)
+    """?from=&to=&tz= as typed, as of now (the default period is this month); the zone
+    defaults to the operator's (GPULEASE_TIMEZONE)."""
+    zone = tz or runtime(request).settings.timezone
+    return statements.parse_period(start, end, zone, now=now)
 
 
 PeriodQuery = Annotated[statements.Period, Depends(_period)]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
 from gpulease.core.money import format_credits
 from gpulease.schemas.billing import TeamCreate, TeamMemberPublic, TeamMemberUpdate, TeamPublic
-from gpulease.server.db import utcnow
 from gpulease.server.orm import Team, User
+from gpulease.server.routers.api.clock import Now
 from gpulease.server.routers.deps import CurrentUser, SessionDep, credits, runtime
 from gpulease.server.services import ledger
 from gpulease.server.services.billing import limits, teams
@@ -16,9 +18,11 @@ from gpulease.server.services.billing import limits, teams
 router = APIRouter(tags=["teams"])
 
 
-def _public(session: Session, request: Request, team: Team, viewer: User) -> TeamPublic:
-    """The owner sees every member's spending; a member sees their own line."""
-    now = utcnow()
+def _public(
+    session: Session, request: Request, team: Team, viewer: User, now: datetime
+) -> TeamPublic:
+    """The owner sees every member's spending (this month, as of now); a member sees their
+    own line."""
     symbol = runtime(request).catalog.currency_symbol
     balance = ledger.balance(session, team.owner_id, team.id)
     owner = session.get(User, team.owner_id)
@@ -43,20 +47,24 @@ def _public(session: Session, request: Request, team: Team, viewer: User) -> Tea
 
 @router.post("/teams", status_code=201)
 def create_team(
-    body: TeamCreate, session: SessionDep, user: CurrentUser, request: Request
+    body: TeamCreate, session: SessionDep, user: CurrentUser, request: Request, now: Now
 ) -> TeamPublic:
-    return _public(session, request, teams.create_team(session, user, body.name), user)
+    return _public(session, request, teams.create_team(session, user, body.name), user, now)
 
 
 @router.get("/teams")
-def list_teams(session: SessionDep, user: CurrentUser, request: Request) -> list[TeamPublic]:
-    return [_public(session, request, t, user) for t in teams.my_teams(session, user)]
+def list_teams(
+    session: SessionDep, user: CurrentUser, request: Request, now: Now
+) -> list[TeamPublic]:
+    return [_public(session, request, t, user, now) for t in teams.my_teams(session, user)]
 
 
 @router.get("/teams/{name}")
-def show_team(name: str, session: SessionDep, user: CurrentUser, request: Request) -> TeamPublic:
+def show_team(
+    name: str, session: SessionDep, user: CurrentUser, request: Request, now: Now
+) -> TeamPublic:
     team, _ = teams.team_for_member(session, user, name)
-    return _public(session, request, team, user)
+    return _public(session, request, team, user, now)
 
 
 @router.put("/teams/{name}/members/{member}")
@@ -67,10 +75,11 @@ def set_member(
     session: SessionDep,
     user: CurrentUser,
     request: Request,
+    now: Now,
 ) -> TeamPublic:
     team = teams.team_for_owner(session, user, name)
     teams.set_member(session, team, member, credits(body.monthly_limit, "monthly limit"))
-    return _public(session, request, team, user)
+    return _public(session, request, team, user, now)
 
 
 @router.delete("/teams/{name}/members/{member}", status_code=204)
