@@ -18,22 +18,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from gpulease.cli import output as out
 from gpulease.cli.connection import fetch, logged_in_client
-from gpulease.cli.output import (
-    OutputFormat,
-    OutputOption,
-    add_row,
-    console,
-    emit,
-    err_console,
-    fail,
-    note,
-    print_json,
-    show_fields,
-    show_table,
-    table,
-    when,
-)
 from gpulease.core.datasets import format_bytes
 from gpulease.schemas.datasets import DatasetDetail, DatasetList
 
@@ -58,7 +44,7 @@ class BarProgress:
             DownloadColumn(binary_units=False),
             TransferSpeedColumn(),
             TimeRemainingColumn(),
-            console=err_console(),
+            console=out.err_console(),
             transient=False,
         )
         self.task: TaskID | None = None
@@ -87,7 +73,7 @@ def push(
         str | None,
         typer.Option("--name", "-n", help="dataset name (default: the directory's name)"),
     ] = None,
-    output: OutputOption = OutputFormat.table,
+    output: out.OutputOption = out.OutputFormat.table,
 ) -> None:
     """Push DIR as a new version of dataset NAME (only what the server lacks is sent).
 
@@ -100,13 +86,13 @@ def push(
             with progress.bar:
                 result = client.datasets.push(directory, name, progress=progress)
         except KeyboardInterrupt:
-            note(
+            out.note(
                 "interrupted: run the same command again to resume; only what the server "
                 "does not have yet will be sent"
             )
             raise typer.Exit(EXIT_INTERRUPTED) from None
-    if output is OutputFormat.json:
-        print_json(
+    if output is out.OutputFormat.json:
+        out.print_json(
             {
                 "dataset": result.dataset.model_dump(mode="json"),
                 "push_id": result.push_id,
@@ -121,7 +107,7 @@ def push(
         )
         return
     if result.unchanged:
-        console().print(
+        out.console().print(
             f"{result.dataset.name} v{result.dataset.current_version} already holds these "
             f"{result.files:,} files ({format_bytes(result.size)}): nothing to push "
             f"({result.seconds:.2f} s)",
@@ -129,7 +115,7 @@ def push(
         )
         return
     rate = result.files / max(result.seconds, 1e-6)
-    console().print(
+    out.console().print(
         f"pushed {result.dataset.name} v{result.dataset.current_version}: "
         f"{result.files:,} files, {format_bytes(result.size)}; sent "
         f"{format_bytes(result.sent_bytes)} (the rest was on the server already) in "
@@ -139,39 +125,41 @@ def push(
 
 
 @dataset_app.command("ls")
-def list_(output: OutputOption = OutputFormat.table) -> None:
+def list_(output: out.OutputOption = out.OutputFormat.table) -> None:
     """Your datasets and your storage use."""
-    emit(fetch(lambda client: client.datasets.list()), output, _show_datasets)
+    out.emit(fetch(lambda client: client.datasets.list()), output, _show_datasets)
 
 
 def _show_datasets(found: DatasetList) -> None:
-    result = table("NAME", "VERSION", "FILES", "SIZE", "UPDATED")
+    result = out.table("NAME", "VERSION", "FILES", "SIZE", "UPDATED")
     for d in found.datasets:
-        add_row(
+        out.add_row(
             result,
             d.name,
             f"v{d.current_version}",
             f"{d.file_count:,}",
             format_bytes(d.size_bytes),
-            when(d.updated_at),
+            out.when(d.updated_at),
         )
-    show_table(result, empty="no datasets; push one with `gpulease dataset push DIR --name NAME`")
+    out.show_table(
+        result, empty="no datasets; push one with `gpulease dataset push DIR --name NAME`"
+    )
     usage = found.usage
-    note(
+    out.note(
         f"storage: {format_bytes(usage.used_bytes)} of {format_bytes(usage.quota_bytes)} "
         "(content shared by datasets counts once)"
     )
 
 
 @dataset_app.command("show")
-def show(name: NameArgument, output: OutputOption = OutputFormat.table) -> None:
+def show(name: NameArgument, output: out.OutputOption = out.OutputFormat.table) -> None:
     """A dataset: its versions and its recent pushes."""
-    emit(fetch(lambda client: client.datasets.get(name)), output, _show_dataset)
+    out.emit(fetch(lambda client: client.datasets.get(name)), output, _show_dataset)
 
 
 def _show_dataset(detail: DatasetDetail) -> None:
     d = detail.dataset
-    show_fields(
+    out.show_fields(
         [
             ("name", d.name),
             ("version", f"v{d.current_version}"),
@@ -179,44 +167,44 @@ def _show_dataset(detail: DatasetDetail) -> None:
             ("size", format_bytes(d.size_bytes)),
             ("mount", f"/data/{d.name} (read-only)"),
             ("mounted by", ", ".join(detail.mounted_by)),
-            ("created", when(d.created_at)),
-            ("updated", when(d.updated_at)),
+            ("created", out.when(d.created_at)),
+            ("updated", out.when(d.updated_at)),
         ]
     )
-    versions = table("VERSION", "FILES", "SIZE", "CHUNKS", "CREATED", title="versions")
+    versions = out.table("VERSION", "FILES", "SIZE", "CHUNKS", "CREATED", title="versions")
     for v in detail.versions:
-        add_row(
+        out.add_row(
             versions,
             f"v{v.number}",
             f"{v.file_count:,}",
             format_bytes(v.size_bytes),
             f"{v.chunk_count:,}",
-            when(v.created_at),
+            out.when(v.created_at),
         )
-    show_table(versions, empty="no versions")
-    pushes = table("PUSH", "STATE", "VERSION", "RECEIVED", "CHUNKS", "STARTED", title="pushes")
+    out.show_table(versions, empty="no versions")
+    pushes = out.table("PUSH", "STATE", "VERSION", "RECEIVED", "CHUNKS", "STARTED", title="pushes")
     for p in detail.pushes:
-        add_row(
+        out.add_row(
             pushes,
             p.id,
             p.state + (f": {p.state_reason}" if p.state_reason else ""),
             f"v{p.version}" if p.version else None,
             format_bytes(p.bytes_received),
             f"{p.chunks_received:,}",
-            when(p.created_at),
+            out.when(p.created_at),
         )
-    show_table(pushes, empty="no pushes")
+    out.show_table(pushes, empty="no pushes")
 
 
 @dataset_app.command("rm")
-def remove(name: NameArgument, output: OutputOption = OutputFormat.table) -> None:
+def remove(name: NameArgument, output: out.OutputOption = out.OutputFormat.table) -> None:
     """Remove a dataset and all its versions (refused while an instance mounts it)."""
     with logged_in_client() as client:
         removed = client.datasets.remove(name)
-    emit(
+    out.emit(
         removed,
         output,
-        lambda removed: console().print(
+        lambda removed: out.console().print(
             f"removed dataset {removed.name}; freed {format_bytes(removed.freed_bytes)}",
             markup=False,
         ),
@@ -237,10 +225,10 @@ def rotate_master_key() -> None:
     try:
         settings = Settings()
     except ValidationError as exc:
-        fail(settings_error_text(exc), 2)
+        out.fail(settings_error_text(exc), 2)
     path = settings.master_key_path
     if not path.exists():
-        fail(
+        out.fail(
             f"there is no master key at {path}; "
             "is GPULEASE_HOME (or GPULEASE_MASTER_KEY_FILE) the server's?",
             2,
@@ -250,12 +238,12 @@ def rotate_master_key() -> None:
     try:
         done = rotate(make_sessionmaker(engine), path)
     except GpuleaseError as exc:
-        fail(exc.message)
+        out.fail(exc.message)
     except SQLAlchemyError as exc:
-        fail(f"cannot use the database: {exc.__cause__ or exc}")
+        out.fail(f"cannot use the database: {exc.__cause__ or exc}")
     finally:
         engine.dispose()
-    console().print(
+    out.console().print(
         f"rotated the master key {done.old_key_id} -> {done.new_key_id}: re-wrapped "
         f"{done.rewrapped} keys in {time.monotonic() - started:.1f} s. The new key is in "
         f"{path}; back it up now (apart from the database). Database backups made before "

@@ -18,25 +18,10 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from gpulease.core.errors import InvalidInput
-from gpulease.schemas.datasets import (
-    DatasetChunksReceived,
-    DatasetCommit,
-    DatasetCurrent,
-    DatasetDetail,
-    DatasetFilesPart,
-    DatasetList,
-    DatasetMissingChunks,
-    DatasetPublic,
-    DatasetRemoved,
-    DatasetUploadCreate,
-    DatasetUploadPublic,
-    DatasetVersionPublic,
-    StorageUsage,
-)
+from gpulease.schemas import datasets as wire
 from gpulease.schemas.runner import (
     RUNNER_API,
     RunnerChunkRequest,
-    RunnerDatasetMount,
     RunnerDatasets,
 )
 from gpulease.server.db import transaction
@@ -70,48 +55,49 @@ def _quota(request: Request) -> int:
 
 
 @router.get("/datasets")
-def list_datasets(session: SessionDep, user: CurrentUser, request: Request) -> DatasetList:
-    found = [DatasetPublic.model_validate(d) for d in library.list_datasets(session, user)]
+def list_datasets(session: SessionDep, user: CurrentUser, request: Request) -> wire.DatasetList:
+    found = [wire.DatasetPublic.model_validate(d) for d in library.list_datasets(session, user)]
     used = quota.usage(session, user.id)
-    return DatasetList(
-        datasets=found, usage=StorageUsage(used_bytes=used, quota_bytes=_quota(request))
+    return wire.DatasetList(
+        datasets=found, usage=wire.StorageUsage(used_bytes=used, quota_bytes=_quota(request))
     )
 
 
 @router.get("/datasets/{name}")
-def show_dataset(name: str, session: SessionDep, user: CurrentUser) -> DatasetDetail:
+def show_dataset(name: str, session: SessionDep, user: CurrentUser) -> wire.DatasetDetail:
     dataset = library.get_dataset(session, user, name)
-    return DatasetDetail(
-        dataset=DatasetPublic.model_validate(dataset),
+    return wire.DatasetDetail(
+        dataset=wire.DatasetPublic.model_validate(dataset),
         versions=[
-            DatasetVersionPublic.model_validate(v) for v in library.versions(session, dataset)
+            wire.DatasetVersionPublic.model_validate(v) for v in library.versions(session, dataset)
         ],
         pushes=[
-            DatasetUploadPublic.model_validate(u) for u in library.recent_uploads(session, dataset)
+            wire.DatasetUploadPublic.model_validate(u)
+            for u in library.recent_uploads(session, dataset)
         ],
         mounted_by=library.mounting_instances(session, dataset),
     )
 
 
 @router.get("/datasets/{name}/current")
-def current_dataset(name: str, session: SessionDep, user: CurrentUser) -> DatasetCurrent:
+def current_dataset(name: str, session: SessionDep, user: CurrentUser) -> wire.DatasetCurrent:
     dataset, version = library.current_version(session, user, name)
-    return DatasetCurrent(
-        dataset=DatasetPublic.model_validate(dataset),
+    return wire.DatasetCurrent(
+        dataset=wire.DatasetPublic.model_validate(dataset),
         manifest_sha256=uploads.digest_in_manifest_key(version.manifest_blob),
     )
 
 
 @router.delete("/datasets/{name}")
-def remove_dataset(name: str, user: DetachedUser, request: Request) -> DatasetRemoved:
+def remove_dataset(name: str, user: DetachedUser, request: Request) -> wire.DatasetRemoved:
     freed = library.remove_dataset(runtime(request).sessions, vault_of(request), user, name)
-    return DatasetRemoved(name=name, freed_chunks=freed.chunks, freed_bytes=freed.bytes)
+    return wire.DatasetRemoved(name=name, freed_chunks=freed.chunks, freed_bytes=freed.bytes)
 
 
 @router.post("/datasets/{name}/pushes", status_code=201)
 def start_push(
-    name: str, body: DatasetUploadCreate, user: DetachedUser, request: Request
-) -> DatasetUploadPublic:
+    name: str, body: wire.DatasetUploadCreate, user: DetachedUser, request: Request
+) -> wire.DatasetUploadPublic:
     if body.name != name:
         raise InvalidInput(f"the body names dataset {body.name!r} but the path {name!r}")
     upload = uploads.start_upload(
@@ -123,14 +109,14 @@ def start_push(
         size=body.bytes,
         quota_bytes=_quota(request),
     )
-    return DatasetUploadPublic.model_validate(upload)
+    return wire.DatasetUploadPublic.model_validate(upload)
 
 
 @router.get("/datasets/{name}/pushes/{push_id}")
 def show_push(
     name: str, push_id: IdPath, session: SessionDep, user: CurrentUser
-) -> DatasetUploadPublic:
-    return DatasetUploadPublic.model_validate(uploads.get_upload(session, user, push_id))
+) -> wire.DatasetUploadPublic:
+    return wire.DatasetUploadPublic.model_validate(uploads.get_upload(session, user, push_id))
 
 
 @router.put(
@@ -138,18 +124,18 @@ def show_push(
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": DatasetFilesPart.model_json_schema()}},
+            "content": {"application/json": {"schema": wire.DatasetFilesPart.model_json_schema()}},
         }
     },
 )
 async def push_files(
     name: str, push_id: IdPath, part: int, user: DetachedUser, request: Request
-) -> DatasetMissingChunks:
-    """The body is a DatasetFilesPart, parsed straight from its JSON bytes (thousands of
+) -> wire.DatasetMissingChunks:
+    """The body is a wire.DatasetFilesPart, parsed straight from its JSON bytes (thousands of
     files a request)."""
     raw = await _read_capped(request, MAX_FILES_BYTES, "a file list part")
     try:
-        body = DatasetFilesPart.model_validate_json(raw)
+        body = wire.DatasetFilesPart.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(step) for step in first["loc"])
@@ -164,7 +150,7 @@ async def push_files(
         [uploads.FileEntry(f.path, f.size, tuple(f.chunks)) for f in body.files],
         quota_bytes=_quota(request),
     )
-    return DatasetMissingChunks(missing=missing.chunks, missing_bytes=missing.bytes)
+    return wire.DatasetMissingChunks(missing=missing.chunks, missing_bytes=missing.bytes)
 
 
 async def _read_capped(request: Request, limit: int, what: str) -> bytes:
@@ -185,7 +171,7 @@ async def _read_capped(request: Request, limit: int, what: str) -> bytes:
 @router.post("/datasets/{name}/pushes/{push_id}/chunks")
 async def push_chunks(
     name: str, push_id: IdPath, user: DetachedUser, request: Request
-) -> DatasetChunksReceived:
+) -> wire.DatasetChunksReceived:
     body = await _read_capped(request, uploads.MAX_PACK_BYTES, "a chunk pack")
     try:
         received = await run_in_threadpool(
@@ -198,15 +184,15 @@ async def push_chunks(
         )
     except PackError as exc:
         raise InvalidInput(f"malformed chunk pack: {exc}") from exc
-    return DatasetChunksReceived(
+    return wire.DatasetChunksReceived(
         chunks=received.chunks, bytes=received.bytes, new_chunks=received.new_chunks
     )
 
 
 @router.post("/datasets/{name}/pushes/{push_id}/commit", status_code=201)
 def commit_push(
-    name: str, push_id: IdPath, body: DatasetCommit, user: DetachedUser, request: Request
-) -> DatasetPublic:
+    name: str, push_id: IdPath, body: wire.DatasetCommit, user: DetachedUser, request: Request
+) -> wire.DatasetPublic:
     rt = runtime(request)
     version = commits.commit_upload(
         rt.sessions,
@@ -219,7 +205,7 @@ def commit_push(
         quota_bytes=_quota(request),
     )
     with transaction(rt.sessions) as session:  # the commit ran its own transactions
-        return DatasetPublic.model_validate(library.dataset_of(session, version))
+        return wire.DatasetPublic.model_validate(library.dataset_of(session, version))
 
 
 @router.delete("/datasets/{name}/pushes/{push_id}", status_code=204)
@@ -233,20 +219,7 @@ def abandon_push(name: str, push_id: IdPath, user: DetachedUser, request: Reques
 
 @runner_router.get("")
 def runner_datasets(session: SessionDep, instance: RunnerInstance) -> RunnerDatasets:
-    found = mounts.instance_mounts(session, instance.id)
-    return RunnerDatasets(
-        datasets=[
-            RunnerDatasetMount(
-                name=m.name,
-                dataset_id=m.dataset_id,
-                owner_id=m.owner_id,
-                version=m.version,
-                file_count=m.file_count,
-                size_bytes=m.size_bytes,
-            )
-            for m in found
-        ]
-    )
+    return RunnerDatasets(datasets=mounts.instance_mounts(session, instance.id))
 
 
 @runner_router.get("/{dataset_id}/versions/{number}/manifest")

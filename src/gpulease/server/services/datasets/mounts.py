@@ -8,6 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpulease.core.errors import InvalidInput, NotFound
+from gpulease.schemas.runner import RunnerDatasetMount
 from gpulease.server.db import transaction
 from gpulease.server.orm import (
     Dataset,
@@ -25,16 +26,6 @@ from gpulease.storage.chunking import pack
 from gpulease.storage.crypto import unwrap_key
 
 MAX_FETCH_CHUNKS = 4096
-
-
-@dataclass(frozen=True)
-class Mount:
-    name: str
-    dataset_id: int
-    owner_id: int
-    version: int
-    file_count: int
-    size_bytes: int
 
 
 def attach_datasets(session: Session, owner: User, instance: Instance, names: list[str]) -> None:
@@ -56,7 +47,8 @@ def attach_datasets(session: Session, owner: User, instance: Instance, names: li
     session.flush()
 
 
-def instance_mounts(session: Session, instance_id: int) -> list[Mount]:
+def instance_mounts(session: Session, instance_id: int) -> list[RunnerDatasetMount]:
+    """The versions the instance mounts, as its runner is told them."""
     rows = session.execute(
         select(InstanceDataset, Dataset, DatasetVersion)
         .join(Dataset, Dataset.id == InstanceDataset.dataset_id)
@@ -69,7 +61,7 @@ def instance_mounts(session: Session, instance_id: int) -> list[Mount]:
         .order_by(InstanceDataset.name)
     )
     return [
-        Mount(
+        RunnerDatasetMount(
             name=mount.name,
             dataset_id=dataset.id,
             owner_id=dataset.owner_id,
