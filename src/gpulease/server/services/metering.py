@@ -185,23 +185,22 @@ def charge_open_segments(
     """
     now = (now or utcnow()).astimezone(UTC)
     naive_now = now.replace(tzinfo=None)
-    table = UsageSegment.__table__
-    # Core, not ORM, rows; started_at and offpeak raw (strings on SQLite), decoded here
+    # Core rows, not ORM objects; started_at and offpeak raw (strings on SQLite), decoded here
     open_segments = (
         session.connection()
         .execute(
             select(
-                table.c.id,
-                table.c.owner_id,
-                table.c.team_id,
-                table.c.hourly_micro,
-                type_coerce(table.c.offpeak, String()),
-                type_coerce(table.c.started_at, String()),
-                table.c.billed_seconds,
-                table.c.charged_micro,
+                UsageSegment.id,
+                UsageSegment.owner_id,
+                UsageSegment.team_id,
+                UsageSegment.hourly_micro,
+                type_coerce(UsageSegment.offpeak, String()),
+                type_coerce(UsageSegment.started_at, String()),
+                UsageSegment.billed_seconds,
+                UsageSegment.charged_micro,
             )
-            .where(table.c.ended_at.is_(None))
-            .order_by(table.c.id)
+            .where(UsageSegment.ended_at.is_(None))
+            .order_by(UsageSegment.id)
             .with_for_update(skip_locked=True)
         )
         .all()
