@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gpulease.schemas.runner import (
@@ -25,6 +27,7 @@ from gpulease.schemas.runner import (
     RunnerStreamEntry,
     RunnerTask,
 )
+from gpulease.server.orm import Instance
 from gpulease.server.routers.deps import runner_token, runtime, tx
 from gpulease.server.runner_doorbell import FALLBACK_S, Listener, doorbell
 from gpulease.server.services import preemption, runners, runs, templates
@@ -34,30 +37,41 @@ router = APIRouter(prefix=RUNNER_API, tags=["runner"])
 MAX_WAIT_S = 30.0
 
 
+def _runner_call(
+    request: Request,
+    act: Callable[[Session, Instance], object],
+    *,
+    logs: bool = False,
+    runs_wanted: bool = False,
+    reconcile: bool = False,
+) -> Response:
+    """act(session, the calling runner's instance) in one transaction, then, once it is
+    committed, wake the log streams, the run dispatch and the reconcilers as asked; 204."""
+    with tx(request) as session:
+        act(session, runners.instance_for_token(session, runner_token(request)))
+    if logs:
+        request.app.state.signals.logs.fire()
+    if runs_wanted:
+        request.app.state.signals.runs.fire()
+    if reconcile:
+        request.app.state.wake_reconcilers()
+    return Response(status_code=204)
+
+
 @router.post("/status", status_code=204)
 def status(body: RunnerStatus, request: Request) -> Response:
-    with tx(request) as session:
-        instance = runners.instance_for_token(session, runner_token(request))
-        runners.report_status(session, instance, body.message)
-    return Response(status_code=204)
+    return _runner_call(request, lambda s, i: runners.report_status(s, i, body.message))
 
 
 @router.post("/session", status_code=204)
 def open_session(body: RunnerSession, request: Request) -> Response:
     """The runner's token becomes body.token; the one it called with stops working."""
-    with tx(request) as session:
-        instance = runners.instance_for_token(session, runner_token(request))
-        runners.open_session(session, instance, body.token)
-    return Response(status_code=204)
+    return _runner_call(request, lambda s, i: runners.open_session(s, i, body.token))
 
 
 @router.post("/ready", status_code=204)
 def ready(body: RunnerReady, request: Request) -> Response:
-    with tx(request) as session:
-        instance = runners.instance_for_token(session, runner_token(request))
-        runners.ready(session, instance)
-    request.app.state.signals.runs.fire()
-    return Response(status_code=204)
+    return _runner_call(request, runners.ready, runs_wanted=True)
 
 
 @router.post("/heartbeat")
@@ -125,33 +139,27 @@ async def _woken(request: Request, bell: Listener, timeout: float) -> None:
 
 @router.post("/runs/{run_id}/started", status_code=204)
 def run_started(run_id: int, body: RunnerStarted, request: Request) -> Response:
-    with tx(request) as session:
-        instance = runners.instance_for_token(session, runner_token(request))
-        runners.run_started(session, instance, runners.run_of(session, instance, run_id))
-    request.app.state.signals.logs.fire()
-    return Response(status_code=204)
+    return _runner_call(
+        request, lambda s, i: runners.run_started(s, i, runners.run_of(s, i, run_id)), logs=True
+    )
 
 
 @router.post("/runs/{run_id}/logs", status_code=204)
 def run_logs(run_id: int, body: RunnerLogs, request: Request) -> Response:
-    with tx(request) as session:
-        instance = runners.instance_for_token(session, runner_token(request))
-        run = runners.run_of(session, instance, run_id)
-        runs.append_logs(session, run, [(c.seq, c.stream, c.data, c.time) for c in body.chunks])
-    request.app.state.signals.logs.fire()
-    return Response(status_code=204)
+    chunks = [(c.seq, c.stream, c.data, c.time) for c in body.chunks]
+    return _runner_call(
+        request, lambda s, i: runs.append_logs(s, runners.run_of(s, i, run_id), chunks), logs=True
+    )
 
 
 @router.post("/runs/{run_id}/exit", status_code=204)
 def run_exit(run_id: int, body: RunnerExit, request: Request) -> Response:
-    with tx(request) as session:
-        instance = runners.instance_for_token(session, runner_token(request))
+    def exited(session: Session, instance: Instance) -> None:
         runners.run_exited(
             session, instance, runners.run_of(session, instance, run_id), body.exit_code
         )
-    request.app.state.signals.logs.fire()
-    request.app.state.wake_reconcilers()
-    return Response(status_code=204)
+
+    return _runner_call(request, exited, logs=True, reconcile=True)
 
 
 @router.get("/workdir", response_model=None)
@@ -166,19 +174,11 @@ def workdir(request: Request) -> Response | FileResponse:
 
 @router.post("/stopped", status_code=204)
 def stopped(request: Request) -> Response:
-    with tx(request) as session:
-        instance = runners.instance_for_token(session, runner_token(request))
-        runners.stopped(session, instance)
-    request.app.state.signals.logs.fire()
-    request.app.state.wake_reconcilers()
-    return Response(status_code=204)
+    return _runner_call(request, runners.stopped, logs=True, reconcile=True)
 
 
 @router.post("/failed", status_code=204)
 def failed(body: RunnerFailed, request: Request) -> Response:
-    with tx(request) as session:
-        instance = runners.instance_for_token(session, runner_token(request))
-        runners.failed(session, instance, body.reason)
-    request.app.state.signals.logs.fire()
-    request.app.state.wake_reconcilers()
-    return Response(status_code=204)
+    return _runner_call(
+        request, lambda s, i: runners.failed(s, i, body.reason), logs=True, reconcile=True
+    )
