@@ -12,18 +12,8 @@ from typing import Annotated
 import typer
 
 from gpulease.cli import connection
+from gpulease.cli import output as out
 from gpulease.cli.connection import fetch, logged_in_client, server_url_or_saved
-from gpulease.cli.output import (
-    OutputFormat,
-    OutputOption,
-    console,
-    emit,
-    emit_rows,
-    fail,
-    note,
-    show_fields,
-    when,
-)
 from gpulease.cli.trust import ReplaceOption, YesOption, confirm_server_certificate
 from gpulease.client import ClientError, GpuleaseClient, Login, config_path, save_login
 from gpulease.client.config import TOKEN_ENV, forget_token, normalize_server_url
@@ -66,7 +56,7 @@ def _asked(value: str | None, prompt: str, option: str, *, secret: bool = False)
     except typer.Abort:
         if sys.stdin.isatty():
             raise
-        fail(f"no {prompt.lower()} to register with: give {option} (no terminal to ask on)", 2)
+        out.fail(f"no {prompt.lower()} to register with: give {option} (no terminal to ask on)", 2)
     return answer
 
 
@@ -89,8 +79,8 @@ def register(
     password = _asked(password, "Password", "--password PASSWORD", secret=True)
     body = RegisterRequest(name=name, password=password, email=email)
     user, path = _sign_in(url, yes, replace_certificate, lambda client: client.auth.register(body))
-    console().print(f"registered [bold]{user}[/bold] on {url}; logged in")
-    note(f"login saved in {path}")
+    out.console().print(f"registered [bold]{user}[/bold] on {url}; logged in")
+    out.note(f"login saved in {path}")
 
 
 def login(
@@ -110,8 +100,8 @@ def login(
     token_name = f"cli on {platform.node() or 'host'}"
     body = LoginRequest(name=name, password=password, token_name=token_name)
     user, path = _sign_in(url, yes, replace_certificate, lambda client: client.auth.login(body))
-    console().print(f"logged in to {url} as [bold]{user}[/bold]")
-    note(f"login saved in {path}")
+    out.console().print(f"logged in to {url} as [bold]{user}[/bold]")
+    out.note(f"login saved in {path}")
 
 
 def _sign_in(
@@ -130,7 +120,7 @@ def logout() -> None:
     """Revoke the saved token on the server and forget it here (the server URL stays)."""
     saved = forget_token()
     if saved.token is None:
-        note("not logged in")
+        out.note("not logged in")
     elif saved.server is not None:
         try:
             with connection.open_client(saved.server, saved.token) as client:
@@ -139,13 +129,13 @@ def logout() -> None:
                     if token.prefix == prefix and token.revoked_at is None:
                         client.tokens.revoke(token.id)
         except ClientError as exc:
-            note(f"the token was forgotten here but not revoked on the server: {exc.message}")
-        console().print(f"logged out of {saved.server}")
+            out.note(f"the token was forgotten here but not revoked on the server: {exc.message}")
+        out.console().print(f"logged out of {saved.server}")
     if os.environ.get(TOKEN_ENV):
-        note(f"{TOKEN_ENV} is still set in your environment; unset it too")
+        out.note(f"{TOKEN_ENV} is still set in your environment; unset it too")
 
 
-def whoami(output: OutputOption = OutputFormat.table) -> None:
+def whoami(output: out.OutputOption = out.OutputFormat.table) -> None:
     """Who the saved login is, on which server."""
     with logged_in_client() as client:
         user = client.auth.me()
@@ -154,10 +144,10 @@ def whoami(output: OutputOption = OutputFormat.table) -> None:
         ("user", user.name),
         ("role", user.role),
         ("server", client.server_url),
-        ("since", when(user.created_at)),
+        ("since", out.when(user.created_at)),
         ("config", config_path()),
     ]
-    emit(found, output, lambda _: show_fields(fields))
+    out.emit(found, output, lambda _: out.show_fields(fields))
 
 
 token_app = typer.Typer(help="API tokens for scripts and other machines.", no_args_is_help=True)
@@ -166,21 +156,23 @@ token_app = typer.Typer(help="API tokens for scripts and other machines.", no_ar
 @token_app.command("create")
 def token_create(
     name: Annotated[str, typer.Argument(help="what the token is for, e.g. 'laptop'")],
-    output: OutputOption = OutputFormat.table,
+    output: out.OutputOption = out.OutputFormat.table,
 ) -> None:
     """Create an API token; its secret is shown this once only."""
-    emit(fetch(lambda client: client.tokens.create(TokenCreate(name=name))), output, _show_created)
+    out.emit(
+        fetch(lambda client: client.tokens.create(TokenCreate(name=name))), output, _show_created
+    )
 
 
 def _show_created(created: TokenCreated) -> None:
     typer.echo(created.token)
-    note(f"token {created.info.id} ({created.info.name}): copy it now, it is not shown again")
+    out.note(f"token {created.info.id} ({created.info.name}): copy it now, it is not shown again")
 
 
 @token_app.command("ls")
-def token_list(output: OutputOption = OutputFormat.table) -> None:
+def token_list(output: out.OutputOption = out.OutputFormat.table) -> None:
     """Your API tokens (secrets are never shown again, only their first characters)."""
-    emit_rows(
+    out.emit_rows(
         fetch(lambda client: client.tokens.list()),
         output,
         ("ID", "NAME", "PREFIX", "CREATED", "LAST USED", "REVOKED"),
@@ -188,9 +180,9 @@ def token_list(output: OutputOption = OutputFormat.table) -> None:
             t.id,
             t.name,
             t.prefix + "…",
-            when(t.created_at),
-            when(t.last_used_at),
-            when(t.revoked_at),
+            out.when(t.created_at),
+            out.when(t.last_used_at),
+            out.when(t.revoked_at),
         ),
         empty="no tokens",
     )
@@ -204,7 +196,7 @@ def token_revoke(
     with logged_in_client() as client:
         token_id = int(token) if token.isdigit() else _token_named(client, token)
         client.tokens.revoke(token_id)
-    console().print(f"token {token_id} revoked", markup=False)
+    out.console().print(f"token {token_id} revoked", markup=False)
 
 
 def _token_named(client: GpuleaseClient, name: str) -> int:
@@ -212,8 +204,8 @@ def _token_named(client: GpuleaseClient, name: str) -> int:
     or several."""
     ids = [t.id for t in client.tokens.list() if t.name == name and t.revoked_at is None]
     if not ids:
-        fail(f"you have no live token named {name!r}; `gpulease token ls` lists them", 1)
+        out.fail(f"you have no live token named {name!r}; `gpulease token ls` lists them", 1)
     if len(ids) > 1:
         listed = ", ".join(map(str, ids))
-        fail(f"{len(ids)} of your tokens are named {name!r} (ids {listed}): give the id", 2)
+        out.fail(f"{len(ids)} of your tokens are named {name!r} (ids {listed}): give the id", 2)
     return ids[0]

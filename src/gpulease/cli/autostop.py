@@ -7,18 +7,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from gpulease.cli import output as out
 from gpulease.cli.connection import fetch, logged_in_client
-from gpulease.cli.output import (
-    OutputFormat,
-    OutputOption,
-    console,
-    emit,
-    emit_rows,
-    fail,
-    note,
-    show_fields,
-    when,
-)
 from gpulease.core.catalog import parse_accelerators
 from gpulease.core.errors import InvalidInput
 from gpulease.schemas.autostop import (
@@ -57,13 +47,13 @@ def _show_autostop(a: AutostopPublic) -> None:
         idle = f"under {a.idle_util_pct:g}% GPU for {a.idle_minutes_effective} min"
         if a.idle_minutes is None:
             idle += " (the server's ceiling)"
-    show_fields(
+    out.show_fields(
         [
             ("idle stop", idle),
             ("max runtime", f"{a.max_runtime_minutes} min" if a.max_runtime_minutes else "off"),
             ("stop after run", a.stop_after_run),
-            ("last activity", when(a.last_activity_at)),
-            ("idle warning", f"stops at {when(a.idle_stop_at)}" if a.idle_warned_at else ""),
+            ("last activity", out.when(a.last_activity_at)),
+            ("idle warning", f"stops at {out.when(a.idle_stop_at)}" if a.idle_warned_at else ""),
         ]
     )
 
@@ -80,7 +70,7 @@ def autostop(
         int | None, typer.Option("--after-run", help="stop when this run ends")
     ] = None,
     show: Annotated[bool, typer.Option("--show", help="only show the setting")] = False,
-    output: OutputOption = OutputFormat.table,
+    output: out.OutputOption = out.OutputFormat.table,
 ) -> None:
     """Stop it when idle, after a maximum runtime, or when a run ends (workspace kept).
 
@@ -98,7 +88,7 @@ def autostop(
                     stop_after_run=after_run,
                 ),
             )
-    emit(result, output, _show_autostop)
+    out.emit(result, output, _show_autostop)
 
 
 @schedule_app.command("add")
@@ -111,11 +101,11 @@ def schedule_add(
     timezone: Annotated[
         str | None, typer.Option("--timezone", help="IANA zone; default: yours")
     ] = None,
-    output: OutputOption = OutputFormat.table,
+    output: out.OutputOption = out.OutputFormat.table,
 ) -> None:
     """Add a scheduled start and/or stop."""
     if start is None and stop is None:
-        fail('give --start and/or --stop, e.g. --start "0 9 * * 1-5" --stop "0 19 * * 1-5"', 2)
+        out.fail('give --start and/or --stop, e.g. --start "0 9 * * 1-5" --stop "0 19 * * 1-5"', 2)
     with logged_in_client() as client:
         made = [
             client.autostop.add_schedule(
@@ -124,25 +114,32 @@ def schedule_add(
             for action, cron in (("start", start), ("stop", stop))
             if cron is not None
         ]
-    emit(made, output, _show_made)
+    out.emit(made, output, _show_made)
 
 
 def _show_made(made: list[SchedulePublic]) -> None:
     for s in made:
-        console().print(
+        out.console().print(
             f"schedule {s.id}: {s.action} at {escape(repr(s.cron))} ({escape(s.timezone)}), "
-            f"next {when(s.next_fire_at)}"
+            f"next {out.when(s.next_fire_at)}"
         )
 
 
 @schedule_app.command("ls")
-def schedule_ls(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
+def schedule_ls(ref: RefArgument, output: out.OutputOption = out.OutputFormat.table) -> None:
     """The instance's schedules and when each fires next."""
-    emit_rows(
+    out.emit_rows(
         fetch(lambda client: client.autostop.schedules(ref)),
         output,
         ("ID", "ACTION", "CRON", "TIME ZONE", "NEXT", "LAST"),
-        lambda s: (s.id, s.action, s.cron, s.timezone, when(s.next_fire_at), when(s.last_fired_at)),
+        lambda s: (
+            s.id,
+            s.action,
+            s.cron,
+            s.timezone,
+            out.when(s.next_fire_at),
+            out.when(s.last_fired_at),
+        ),
         empty='no schedules; add one with --start "0 9 * * 1-5"',
     )
 
@@ -155,7 +152,7 @@ def schedule_rm(
     """Remove a schedule."""
     with logged_in_client() as client:
         client.autostop.remove_schedule(ref, schedule_id)
-    note(f"schedule {schedule_id} removed")
+    out.note(f"schedule {schedule_id} removed")
 
 
 @schedule_app.command("timezone")
@@ -165,7 +162,7 @@ def schedule_timezone(
     """Set your time zone; schedules that followed your old one follow the new one."""
     with logged_in_client() as client:
         user = client.auth.set_timezone(TimezoneUpdate(timezone=zone))
-    console().print(f"time zone: {escape(user.timezone)}")
+    out.console().print(f"time zone: {escape(user.timezone)}")
 
 
 def resize(
@@ -174,30 +171,30 @@ def resize(
         str | None, typer.Option("--gpus", help="MODEL:COUNT, e.g. T4:2 (or MODEL for one)")
     ] = None,
     no_gpu: Annotated[bool, typer.Option("--no-gpu", help="CPU only")] = False,
-    output: OutputOption = OutputFormat.table,
+    output: out.OutputOption = out.OutputFormat.table,
 ) -> None:
     """Give a stopped instance other GPUs (or none); its workspace is kept."""
     if (gpus is None) == (not no_gpu):
-        fail("give either --gpus MODEL:COUNT (e.g. --gpus T4:2) or --no-gpu", 2)
+        out.fail("give either --gpus MODEL:COUNT (e.g. --gpus T4:2) or --no-gpu", 2)
     model: str | None = None
     count: int | None = None
     if gpus is not None:
         try:
             model, count = parse_accelerators(gpus)
         except InvalidInput as exc:
-            fail(exc.message, 2)
+            out.fail(exc.message, 2)
         if count == 0:
             model, count, no_gpu = None, None, True
     with logged_in_client() as client:
         instance = client.instances.resize(
             ref, ResizeRequest(gpu_model=model, gpu_count=count, no_gpu=no_gpu)
         )
-    emit(instance, output, _show_resized)
+    out.emit(instance, output, _show_resized)
 
 
 def _show_resized(instance: InstancePublic) -> None:
     gpu = "CPU only" if instance.gpu_count == 0 else f"{instance.gpu_model}:{instance.gpu_count}"
-    console().print(
+    out.console().print(
         f"instance {instance.id} [bold]{escape(instance.name)}[/bold]: {escape(gpu)}, "
         f"{escape(instance.hourly)}/h; start it with "
         f"`gpulease instance start {escape(instance.name)}`"

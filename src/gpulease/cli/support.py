@@ -8,18 +8,8 @@ from typing import Annotated
 
 import typer
 
+from gpulease.cli import output as out
 from gpulease.cli.connection import fetch, logged_in_client
-from gpulease.cli.output import (
-    OutputFormat,
-    OutputOption,
-    console,
-    emit,
-    emit_rows,
-    fail,
-    note,
-    show_fields,
-    when,
-)
 from gpulease.schemas.support import SupportReply, SupportTicketCreate, SupportTicketDetail
 
 ticket_app = typer.Typer(
@@ -38,7 +28,7 @@ def _text(message: str | None) -> str:
     if message is not None:
         return message
     if sys.stdin.isatty():
-        fail("give the message with -m TEXT (or pipe it in)", 2)
+        out.fail("give the message with -m TEXT (or pipe it in)", 2)
     return sys.stdin.read()
 
 
@@ -51,25 +41,25 @@ def _show(ticket: SupportTicketDetail) -> None:
         )
         if part
     )
-    show_fields(
+    out.show_fields(
         [
             ("ticket", f"#{ticket.id} {ticket.subject}"),
             ("status", ticket.status),
             ("from", ticket.owner),
             ("about", about),
-            ("opened", when(ticket.created_at)),
+            ("opened", out.when(ticket.created_at)),
         ]
     )
-    out = console()
+    screen = out.console()
     for m in ticket.messages:
-        out.print()
+        screen.print()
         who = f"{m.author} (support)" if m.author_is_admin else m.author
-        out.print(f"[bold]{who}[/bold] [dim]{when(m.created_at)}[/dim]", highlight=False)
-        out.print(m.body, markup=False, highlight=False)
+        screen.print(f"[bold]{who}[/bold] [dim]{out.when(m.created_at)}[/dim]", highlight=False)
+        screen.print(m.body, markup=False, highlight=False)
         if m.log_excerpt:
-            out.print(f"[dim]--- attached log, last lines of run {ticket.run_id} ---[/dim]")
-            out.print(m.log_excerpt, markup=False, highlight=False)
-            out.print("[dim]--- end of log ---[/dim]")
+            screen.print(f"[dim]--- attached log, last lines of run {ticket.run_id} ---[/dim]")
+            screen.print(m.log_excerpt, markup=False, highlight=False)
+            screen.print("[dim]--- end of log ---[/dim]")
 
 
 @ticket_app.command("open")
@@ -83,7 +73,7 @@ def open_(
     attach_log: Annotated[
         bool, typer.Option("--attach-log", help="attach the run's last 200 log lines")
     ] = False,
-    output: OutputOption = OutputFormat.table,
+    output: out.OutputOption = out.OutputFormat.table,
 ) -> None:
     """Open a ticket; support answers in the console and you are notified."""
     with logged_in_client() as client:
@@ -96,44 +86,52 @@ def open_(
                 attach_log=attach_log,
             )
         )
-    emit(
+    out.emit(
         ticket,
         output,
-        lambda ticket: note(
+        lambda ticket: out.note(
             f"opened ticket #{ticket.id}; see replies with `gpulease ticket show {ticket.id}`"
         ),
     )
 
 
 @ticket_app.command("list")
-def list_(output: OutputOption = OutputFormat.table) -> None:
+def list_(output: out.OutputOption = out.OutputFormat.table) -> None:
     """Your tickets (an admin: everyone's), latest activity first."""
-    emit_rows(
+    out.emit_rows(
         fetch(lambda client: client.support.list()),
         output,
         ("ID", "SUBJECT", "FROM", "STATUS", "RUN", "INSTANCE", "UPDATED"),
-        lambda t: (t.id, t.subject, t.owner, t.status, t.run_id, t.instance, when(t.updated_at)),
+        lambda t: (
+            t.id,
+            t.subject,
+            t.owner,
+            t.status,
+            t.run_id,
+            t.instance,
+            out.when(t.updated_at),
+        ),
         empty="no tickets; open one with `gpulease ticket open -s SUBJECT -m TEXT`",
     )
 
 
 @ticket_app.command("show")
-def show(ticket_id: TicketArgument, output: OutputOption = OutputFormat.table) -> None:
+def show(ticket_id: TicketArgument, output: out.OutputOption = out.OutputFormat.table) -> None:
     """A ticket and its messages."""
-    emit(fetch(lambda client: client.support.get(ticket_id)), output, _show)
+    out.emit(fetch(lambda client: client.support.get(ticket_id)), output, _show)
 
 
 @ticket_app.command("reply")
 def reply(
     ticket_id: TicketArgument,
     message: MessageOption = None,
-    output: OutputOption = OutputFormat.table,
+    output: out.OutputOption = out.OutputFormat.table,
 ) -> None:
     """Add a message (an admin's answers the ticket; the owner's reopens it)."""
-    emit(
+    out.emit(
         fetch(lambda client: client.support.reply(ticket_id, SupportReply(body=_text(message)))),
         output,
-        lambda ticket: note(f"ticket #{ticket.id} is {ticket.status}"),
+        lambda ticket: out.note(f"ticket #{ticket.id} is {ticket.status}"),
     )
 
 
@@ -142,4 +140,4 @@ def close(ticket_id: TicketArgument) -> None:
     """Close a ticket (a reply opens it again)."""
     with logged_in_client() as client:
         ticket = client.support.close(ticket_id)
-    note(f"ticket #{ticket.id} closed")
+    out.note(f"ticket #{ticket.id} closed")
