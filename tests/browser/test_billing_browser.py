@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -64,9 +65,9 @@ def test_create_form_estimates_live_and_creates(server: LiveServer, browser: Bro
     expect(page.locator("#est-images")).to_have_value("50000")  # kept across the refusal
     page.get_by_label("Name").fill("cats")
     page.get_by_role("button", name="Create instance").click()
-    expect(page).to_have_url(server.url + "/")
-    expect(page.locator("#instances")).to_contain_text("cats")
-    expect(page.locator("#instances")).to_contain_text("A100-80GB × 2")
+    expect(page).to_have_url(re.compile(r"/instances/\d+$"))  # the new instance's page
+    expect(page.get_by_role("heading", level=1)).to_have_text("cats")
+    expect(page.locator("#instance-status")).to_contain_text("A100-80GB × 2")
 
     page.get_by_role("link", name="Billing").click()
     expect(page.get_by_test_id("balance")).to_have_text("$10.0000")

@@ -36,13 +36,13 @@ def test_create_page_lists_the_catalog_and_the_estimate_fields(
     assert "<script>" not in html  # scripts come from /static only (CSP)
 
 
-def test_create_posts_through_the_service_and_goes_to_the_dashboard(
+def test_create_posts_through_the_service_and_goes_to_the_new_instance(
     ann: Caller, browser: BrowserFactory
 ) -> None:
     client = logged_in(browser, "ann")
     r = client.post("/instances/new", data=FORM, headers={"Origin": "http://testserver"})
-    assert r.status_code == 303 and r.headers["location"] == "/"
     (made,) = ann.get("/api/v1/instances").json()
+    assert r.status_code == 303 and r.headers["location"] == f"/instances/{made['id']}"
     assert (made["name"], made["gpu_model"], made["gpu_count"]) == ("cats", "T4", 1)
     assert made["status"] == "queued" and made["template"] == "pytorch"
     cpu = client.post("/instances/new", data={**FORM, "gpu_model": "CPU", "name": "prep"})

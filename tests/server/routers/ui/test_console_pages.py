@@ -201,7 +201,7 @@ def test_create_form_offers_plans_teams_and_datasets_and_mounts_them(
     for value in ("on_demand", "daily", "spot"):
         assert f'<option value="{value}"' in form
     assert '<option value="lab">team lab</option>' in form
-    assert '<option value="cats">' in form
+    assert '<input type="checkbox" name="datasets" value="cats">' in form
     assert '<option value="CPU"' in form
 
     fields = {"gpu_model": "T4", "gpu_count": "1", "template": "python", "name": "spotty"}

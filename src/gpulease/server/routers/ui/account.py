@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Form, Query, Request, Response
 from fastapi.responses import RedirectResponse
+from pydantic import Field
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import GpuleaseError, InvalidInput
@@ -14,6 +15,7 @@ from gpulease.core.money import format_credits
 from gpulease.server.orm import User
 from gpulease.server.routers.auth_limits import auth_guard, client_address, guarded_login
 from gpulease.server.routers.deps import SESSION_COOKIE, runtime, tx
+from gpulease.server.routers.ui.forms import FormBody
 from gpulease.server.routers.ui.guards import (
     LOGIN_PATH,
     SameSiteForm,
@@ -29,10 +31,20 @@ from gpulease.server.services import console, tokens, users
 
 router = console_router()
 
-# Fields default to "" so that a missing one gets the service's message on the form, not a 422.
-FormText = Annotated[str, Form()]
-NextField = Annotated[str, Form(alias="next")]
 NextQuery = Annotated[str, Query(alias="next")]
+
+
+class LoginForm(FormBody):
+    name: str = ""
+    password: str = ""
+    next_: str = Field("/", alias="next")
+    """Where to go once logged in (a path of this site: safe_next)."""
+
+
+class RegisterForm(FormBody):
+    name: str = ""
+    password: str = ""
+    password_repeat: str = ""
 
 
 def _open_session(request: Request, session: Session, user: User) -> str:
@@ -86,14 +98,8 @@ def login_form(request: Request, next_: NextQuery = "/") -> Response:
 
 
 @router.post("/login")
-def login(
-    request: Request,
-    _: SameSiteForm,
-    name: FormText = "",
-    password: FormText = "",
-    next_: NextField = "/",
-) -> Response:
-    name = name.strip()
+def login(request: Request, _: SameSiteForm, form: Annotated[LoginForm, Form()]) -> Response:
+    name, password = form.name.strip(), form.password
     try:
         if not name or not password:
             raise InvalidInput("enter your user name and password")
@@ -102,9 +108,9 @@ def login(
             secret = _open_session(request, session, user)
     except GpuleaseError as exc:
         return _login_page(
-            request, next_=next_, name=name, error=exc.message, status_code=exc.status
+            request, next_=form.next_, name=name, error=exc.message, status_code=exc.status
         )
-    return _signed_in(request, secret, next_)
+    return _signed_in(request, secret, form.next_)
 
 
 @router.get("/register")
@@ -117,19 +123,13 @@ def register_form(request: Request) -> Response:
 
 
 @router.post("/register")
-def register(
-    request: Request,
-    _: SameSiteForm,
-    name: FormText = "",
-    password: FormText = "",
-    password_repeat: FormText = "",
-) -> Response:
+def register(request: Request, _: SameSiteForm, form: Annotated[RegisterForm, Form()]) -> Response:
     settings = runtime(request).settings
     if not settings.signup_enabled:
         return _signup_closed(request)
-    name = name.strip()
+    name, password = form.name.strip(), form.password
     try:
-        if password != password_repeat:
+        if password != form.password_repeat:
             raise InvalidInput("the two passwords differ; type the same password twice")
         auth_guard(request).check_registration(client_address(request))
         with tx(request) as session:

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import Form, Query, Response
+from pydantic import ConfigDict
 
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_cap, format_credits, ncu
@@ -20,6 +21,7 @@ from gpulease.server.db import utcnow
 from gpulease.server.routers.auth_limits import auth_guard
 from gpulease.server.routers.deps import credits
 from gpulease.server.routers.ui.billing import WindowView, windows_view
+from gpulease.server.routers.ui.forms import FormBody
 from gpulease.server.routers.ui.guards import AdminForm, AdminPage, ConsolePage, console_router
 from gpulease.server.services import grants, metrics, operator_views, statements, users
 from gpulease.server.services.billing import limits, offpeak, plans, vouchers
@@ -59,14 +61,8 @@ def _page(
     notice: str = "",
 ) -> Response:
     """An admin page: its own context, the tabs, this month's revenue, a refusal's message."""
-    context.update(
-        tab=tab,
-        error=refusal.message if refusal else "",
-        notice=notice,
-        revenue=_revenue_summary(console),
-    )
-    status = refusal.status if refusal else 200
-    return console.render(template, context, page="admin", status_code=status)
+    context.update(tab=tab, notice=notice, revenue=_revenue_summary(console))
+    return console.form_page(template, context, refusal, page="admin")
 
 
 # -- nodes ------------------------------------------------------------------------------------
@@ -113,8 +109,13 @@ def _reading(sample: dict[str, Any]) -> str:
 # -- users and grants -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GrantForm:
+class AdminFormBody(FormBody):
+    """An admin form: each text field at most 200 characters."""
+
+    model_config = ConfigDict(str_max_length=200)
+
+
+class GrantForm(AdminFormBody):
     user: str = ""
     amount: str = ""
     memo: str = ""
@@ -180,11 +181,9 @@ def users_page(
 
 
 @router.post("/users/grant")
-def grant(
-    console: AdminForm, user: FormText = "", amount: FormText = "", memo: FormText = ""
-) -> Response:
+def grant(console: AdminForm, form: Annotated[GrantForm, Form()]) -> Response:
     """Credit a user's wallet; the amount is parsed as everywhere else (12.50, $12.50)."""
-    typed = GrantForm(user.strip(), amount.strip(), memo.strip())
+    typed = form.stripped()
 
     def act() -> str:
         if not typed.user:
@@ -248,16 +247,17 @@ class VoucherRow:
     expired: bool
 
 
-@dataclass(frozen=True)
-class OffPeakForm:
+class OffPeakForm(AdminFormBody):
     weekdays: str = "all"
-    start: str = "22:00"
-    end: str = "06:00"
-    discount: str = "30"
+    start: str = ""
+    end: str = ""
+    discount: str = ""
 
 
-@dataclass(frozen=True)
-class VoucherForm:
+OFFPEAK_SHOWN = OffPeakForm(start="22:00", end="06:00", discount="30")
+
+
+class VoucherForm(AdminFormBody):
     amount: str = ""
     code: str = ""
     max_redemptions: str = "1"
@@ -267,7 +267,7 @@ class VoucherForm:
 
 @dataclass(frozen=True)
 class PriceForms:
-    offpeak: OffPeakForm = field(default_factory=OffPeakForm)
+    offpeak: OffPeakForm = OFFPEAK_SHOWN
     voucher: VoucherForm = field(default_factory=VoucherForm)
 
 
@@ -343,21 +343,13 @@ def prices_page(console: AdminPage, done: str = "") -> Response:
 
 
 @router.post("/prices/offpeak")
-def add_window(
-    console: AdminForm,
-    weekdays: FormText = "all",
-    start: FormText = "",
-    end: FormText = "",
-    discount: FormText = "",
-) -> Response:
-    typed = OffPeakForm(weekdays, start, end, discount)
-
+def add_window(console: AdminForm, typed: Annotated[OffPeakForm, Form()]) -> Response:
     def act() -> str:
         window = OffPeakWindow(
-            weekdays=parse_weekdays(weekdays or "all"),
-            start_minute=parse_clock(start),
-            end_minute=parse_clock(end),
-            discount_bp=parse_discount_bp(discount),
+            weekdays=parse_weekdays(typed.weekdays or "all"),
+            start_minute=parse_clock(typed.start),
+            end_minute=parse_clock(typed.end),
+            discount_bp=parse_discount_bp(typed.discount),
             tz=console.runtime.settings.timezone,
         )
         offpeak.add_window(console.session, window)
@@ -376,29 +368,20 @@ def remove_window(console: AdminForm, window_id: int) -> Response:
 
 
 @router.post("/prices/vouchers")
-def create_voucher(
-    console: AdminForm,
-    amount: FormText = "",
-    code: FormText = "",
-    max_redemptions: FormText = "1",
-    per_user_limit: FormText = "1",
-    expires: FormText = "",
-) -> Response:
-    typed = VoucherForm(amount, code, max_redemptions, per_user_limit, expires)
-
+def create_voucher(console: AdminForm, typed: Annotated[VoucherForm, Form()]) -> Response:
     def act() -> str:
-        micro = credits(amount, "amount")
+        micro = credits(typed.amount, "amount")
         if micro is None:
             raise InvalidInput("a voucher needs an amount, like 25.00")
         vouchers.create_voucher(
             console.session,
             console.user,
             amount_micro=micro,
-            code=code.strip() or None,
-            max_redemptions=vouchers.parse_use_limit(max_redemptions, "max redemptions"),
-            per_user_limit=vouchers.parse_use_limit(per_user_limit, "the per-user limit"),
+            code=typed.code.strip() or None,
+            max_redemptions=vouchers.parse_use_limit(typed.max_redemptions, "max redemptions"),
+            per_user_limit=vouchers.parse_use_limit(typed.per_user_limit, "the per-user limit"),
             expires_at=vouchers.parse_expiry(
-                expires, statements.zone(console.runtime.settings.timezone)
+                typed.expires, statements.zone(console.runtime.settings.timezone)
             ),
         )
         return "/admin/prices?done=voucher"

@@ -16,6 +16,7 @@ from gpulease.core.catalog import parse_accelerators
 from gpulease.core.errors import InvalidInput
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance
+from gpulease.server.routers.ui.forms import FormBody
 from gpulease.server.routers.ui.guards import ConsolePage, FormViewer, console_router
 from gpulease.server.routers.ui.instances import act_on_instance
 from gpulease.server.services.instances import autostop, lifecycle, resize, schedules
@@ -23,6 +24,22 @@ from gpulease.server.services.instances import autostop, lifecycle, resize, sche
 router = console_router()
 
 FormText = Annotated[str, Form()]
+
+
+class AutostopForm(FormBody):
+    """Automatic stop: each field empty for off."""
+
+    idle_util_pct: str = ""
+    idle_minutes: str = ""
+    max_runtime_minutes: str = ""
+    stop_after_run: str = ""
+
+
+class ScheduleForm(FormBody):
+    action: str = ""
+    cron: str = ""
+    timezone: str = ""
+    """The viewer's time zone, saved as theirs when it changed."""
 
 
 def _number(text: str, what: str, kind: Callable[[str], float]) -> float | None:
@@ -48,22 +65,15 @@ def _change(console: ConsolePage, ref: str, apply: Callable[[Instance], None]) -
 
 
 @router.post("/instances/{ref}/autostop")
-def set_autostop(
-    ref: str,
-    console: FormViewer,
-    idle_util_pct: FormText = "",
-    idle_minutes: FormText = "",
-    max_runtime_minutes: FormText = "",
-    stop_after_run: FormText = "",
-) -> Response:
+def set_autostop(ref: str, console: FormViewer, form: Annotated[AutostopForm, Form()]) -> Response:
     def apply(instance: Instance) -> None:
         autostop.set_autostop(
             console.session,
             instance,
-            idle_util=_number(idle_util_pct, "the GPU utilisation", float),
-            idle_minutes=_int(idle_minutes, "the idle minutes"),
-            max_runtime_minutes=_int(max_runtime_minutes, "the maximum runtime"),
-            stop_after_run=_int(stop_after_run, "the run"),
+            idle_util=_number(form.idle_util_pct, "the GPU utilisation", float),
+            idle_minutes=_int(form.idle_minutes, "the idle minutes"),
+            max_runtime_minutes=_int(form.max_runtime_minutes, "the maximum runtime"),
+            stop_after_run=_int(form.stop_after_run, "the run"),
             ceiling=console.runtime.settings.idle_stop_max_minutes,
         )
 
@@ -71,20 +81,14 @@ def set_autostop(
 
 
 @router.post("/instances/{ref}/schedules")
-def add_schedule(
-    ref: str,
-    console: FormViewer,
-    action: FormText = "",
-    cron: FormText = "",
-    timezone: FormText = "",
-) -> Response:
+def add_schedule(ref: str, console: FormViewer, form: Annotated[ScheduleForm, Form()]) -> Response:
     def apply(instance: Instance) -> None:
         session, user = console.session, console.user
-        zone = timezone.strip()
+        zone = form.timezone.strip()
         if zone and zone != user.timezone:
             schedules.set_user_timezone(session, user, zone, utcnow())
         schedules.add_schedule(
-            session, user, instance, action=action, cron=cron, timezone=None, now=utcnow()
+            session, user, instance, action=form.action, cron=form.cron, timezone=None, now=utcnow()
         )
 
     return _change(console, ref, apply)

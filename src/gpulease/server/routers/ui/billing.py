@@ -8,6 +8,7 @@ from typing import Annotated
 from urllib.parse import urlencode
 
 from fastapi import Form, Query, Response
+from pydantic import ConfigDict
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog
@@ -19,6 +20,7 @@ from gpulease.schemas.statements import RevenueDay, RevenuePublic, StatementPubl
 from gpulease.server.db import utcnow
 from gpulease.server.routers.api.presenters import ledger_line
 from gpulease.server.routers.deps import credits
+from gpulease.server.routers.ui.forms import FormBody
 from gpulease.server.routers.ui.guards import ConsolePage, FormViewer, PageViewer, console_router
 from gpulease.server.services import ledger, statements
 from gpulease.server.services.billing import limits, offpeak
@@ -112,6 +114,16 @@ class LedgerPage:
     older_url: str | None
 
 
+class CapsForm(FormBody):
+    """Your own spending caps as typed: amounts like 12.50, empty for no cap."""
+
+    model_config = ConfigDict(str_max_length=40)
+
+    max_hourly: str = ""
+    monthly_budget: str = ""
+    low_balance: str = ""
+
+
 @dataclass(frozen=True)
 class CapsView:
     max_hourly: str
@@ -121,7 +133,7 @@ class CapsView:
     admin_monthly_budget: str | None
     hourly_spend: str
     month_spend: str
-    typed: dict[str, str]
+    typed: CapsForm
     """What the caps form shows: the caps as plain amounts, or what was typed if refused."""
 
 
@@ -194,7 +206,7 @@ def _plain(micro: int | None) -> str:
 
 
 def caps_view(
-    session: Session, user_id: int, symbol: str, typed: dict[str, str] | None = None
+    session: Session, user_id: int, symbol: str, typed: CapsForm | None = None
 ) -> CapsView:
     caps = limits.caps_of(session, user_id)
     return CapsView(
@@ -210,11 +222,11 @@ def caps_view(
         hourly_spend=format_credits(limits.hourly_spend(session, user_id), symbol),
         month_spend=format_credits(limits.month_spend(session, user_id, utcnow()), symbol),
         typed=typed
-        or {
-            "max_hourly": _plain(caps.max_hourly_micro),
-            "monthly_budget": _plain(caps.monthly_budget_micro),
-            "low_balance": _plain(caps.low_balance_micro),
-        },
+        or CapsForm(
+            max_hourly=_plain(caps.max_hourly_micro),
+            monthly_budget=_plain(caps.monthly_budget_micro),
+            low_balance=_plain(caps.low_balance_micro),
+        ),
     )
 
 
@@ -261,7 +273,7 @@ def _billing_page(
     start: str | None,
     to: str | None,
     page: int = 1,
-    typed_caps: dict[str, str] | None = None,
+    typed_caps: CapsForm | None = None,
     refusal: GpuleaseError | None = None,
     notice: str = "",
 ) -> Response:
@@ -315,27 +327,18 @@ def billing(
     return _billing_page(console, start=start, to=to, page=page, notice=notice)
 
 
-CapsField = Annotated[str, Form(max_length=40)]
-
-
 @router.post("/billing/caps")
-def set_caps(
-    console: FormViewer,
-    max_hourly: CapsField = "",
-    monthly_budget: CapsField = "",
-    low_balance: CapsField = "",
-) -> Response:
+def set_caps(console: FormViewer, typed: Annotated[CapsForm, Form()]) -> Response:
     """Your own caps (empty: none), through the same service as PUT /api/v1/limits."""
-    typed = {"max_hourly": max_hourly, "monthly_budget": monthly_budget, "low_balance": low_balance}
 
     def act() -> str:
         limits.set_user_caps(
             console.session,
             console.user.id,
             utcnow(),
-            max_hourly_micro=credits(max_hourly, "max hourly spend"),
-            monthly_budget_micro=credits(monthly_budget, "monthly budget"),
-            low_balance_micro=credits(low_balance, "low-balance threshold"),
+            max_hourly_micro=credits(typed.max_hourly, "max hourly spend"),
+            monthly_budget_micro=credits(typed.monthly_budget, "monthly budget"),
+            low_balance_micro=credits(typed.low_balance, "low-balance threshold"),
             symbol=console.runtime.catalog.currency_symbol,
         )
         return "/billing?saved=caps#caps"

@@ -9,8 +9,9 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog
 from gpulease.core.money import format_credits
-from gpulease.core.pricing import FULL_BP, WEEKDAYS, format_discount
+from gpulease.core.pricing import FULL_BP
 from gpulease.server.orm import User
+from gpulease.server.routers.ui.billing import windows_view
 from gpulease.server.routers.ui.guards import PageViewer, console_router
 from gpulease.server.services import nodes, templates
 from gpulease.server.services.billing import offpeak
@@ -43,26 +44,9 @@ class CatalogRow:
     fits: list[TemplateFit]
 
 
-@dataclass(frozen=True)
-class OffPeakLine:
-    days: str
-    hours: str
-    discount: str
-
-
-def _clock(minute: int) -> str:
-    return f"{minute // 60:02d}:{minute % 60:02d}"
-
-
-def offpeak_lines(session: Session) -> tuple[list[OffPeakLine], int]:
-    """The operator's off-peak windows for people, and the best discount in basis points."""
-    lines, best = [], 0
-    for _, w in offpeak.list_windows(session):
-        days = ", ".join(WEEKDAYS[d].capitalize() for d in sorted(w.weekdays))
-        hours = f"{_clock(w.start_minute)}–{_clock(w.end_minute)} {w.tz}"
-        lines.append(OffPeakLine(days, hours, f"{format_discount(w.discount_bp)} %"))
-        best = max(best, w.discount_bp)
-    return lines, best
+def best_offpeak_bp(session: Session) -> int:
+    """The best off-peak discount of the operator's windows, in basis points (0: none)."""
+    return max((w.discount_bp for _, w in offpeak.list_windows(session)), default=0)
 
 
 def usable_templates(session: Session, owner: User, catalog: Catalog) -> list[TemplateView]:
@@ -87,7 +71,7 @@ def template_fits(session: Session, owner: User, catalog: Catalog) -> dict[str, 
 def catalog_rows(session: Session, owner: User, catalog: Catalog) -> list[CatalogRow]:
     avail = nodes.availability(session, catalog)
     symbol = catalog.currency_symbol
-    _, best_bp = offpeak_lines(session)
+    best_bp = best_offpeak_bp(session)
     fits = template_fits(session, owner, catalog)
     rows = []
     for m in catalog.models:
@@ -114,6 +98,5 @@ def catalog_rows(session: Session, owner: User, catalog: Catalog) -> list[Catalo
 @router.get("/catalog")
 def catalog_page(console: PageViewer) -> Response:
     rows = catalog_rows(console.session, console.user, console.runtime.catalog)
-    windows, _ = offpeak_lines(console.session)
-    context = {"rows": rows, "windows": windows}
+    context = {"rows": rows, "windows": windows_view(console.session)}
     return console.render("catalog/page.html", context, page="catalog")

@@ -13,6 +13,7 @@ from gpulease.core.catalog import CPU_MODEL, Catalog
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_credits
 from gpulease.server.routers.ui.catalog import template_fits, usable_templates
+from gpulease.server.routers.ui.forms import FormBody
 from gpulease.server.routers.ui.guards import ConsolePage, FormViewer, PageViewer, console_router
 from gpulease.server.services import nodes
 from gpulease.server.services.billing import offpeak, plans, teams
@@ -22,8 +23,6 @@ from gpulease.server.services.instances import lifecycle
 router = console_router()
 
 PATH = "/instances/new"
-FormText = Annotated[str, Form()]
-FormList = Annotated[list[str], Form()]
 MAX_FORM_GPUS = 64
 PLAN_LABELS = {
     plans.ON_DEMAND: "On demand: per second at the hourly price",
@@ -48,23 +47,27 @@ class TemplateChoice:
     description: str
 
 
-@dataclass(frozen=True)
-class CreateForm:
-    """What the form shows, and what was typed (kept when a submission is refused)."""
+class CreateForm(FormBody):
+    """The create form as posted; the estimate fields only come back so that a refused form
+    keeps them. A checkbox is "" when not ticked."""
 
-    gpu_model: str = "A100-80GB"
+    gpu_model: str = ""
     gpu_count: str = "1"
     template: str = "pytorch"
     name: str = ""
-    model: str = "resnet50"
-    images: str = "100000"
-    epochs: str = "30"
-    image_size: str = "224"
     plan: str = plans.ON_DEMAND
     team: str = ""
-    datasets: tuple[str, ...] = ()
-    auto_renew: bool = False
-    start_when_cheap: bool = False
+    auto_renew: str = ""
+    start_when_cheap: str = ""
+    datasets: list[str] = []
+    model: str = "resnet50"
+    images: str = ""
+    epochs: str = ""
+    image_size: str = ""
+
+
+# What the form shows at first: one A100 and the estimate of a ResNet-50 ImageNet-like run.
+CREATE_SHOWN = CreateForm(gpu_model="A100-80GB", images="100000", epochs="30", image_size="224")
 
 
 def gpu_choices(session: Session, catalog: Catalog) -> list[GpuChoice]:
@@ -90,7 +93,7 @@ def _page(console: ConsolePage, form: CreateForm, refusal: GpuleaseError | None 
     catalog = console.runtime.catalog
     choices = gpu_choices(session, catalog)
     if form.gpu_model not in {c.name for c in choices}:
-        form = CreateForm(**{**form.__dict__, "gpu_model": choices[0].name if choices else ""})
+        form = form.model_copy(update={"gpu_model": choices[0].name if choices else ""})
     # Per GPU model, why each template cannot run there: the option is shown disabled.
     reasons = {
         model: {f.template: f.reason or "no node runs this template" for f in found if not f.ok}
@@ -116,15 +119,13 @@ def _page(console: ConsolePage, form: CreateForm, refusal: GpuleaseError | None 
             "max_size": estimates.MAX_IMAGE_SIZE,
             "gpus": MAX_FORM_GPUS,
         },
-        "error": refusal.message if refusal else "",
     }
-    status = refusal.status if refusal else 200
-    return console.render("instances/new.html", context, page="create", status_code=status)
+    return console.form_page("instances/new.html", context, refusal, page="create")
 
 
 @router.get(PATH)
 def create_form(console: PageViewer) -> Response:
-    return _page(console, CreateForm())
+    return _page(console, CREATE_SHOWN)
 
 
 def gpu_request(gpu_model: str, gpu_count: str) -> str | None:
@@ -142,40 +143,11 @@ def gpu_request(gpu_model: str, gpu_count: str) -> str | None:
 
 
 @router.post(PATH)
-def create(
-    console: FormViewer,
-    gpu_model: FormText = "",
-    gpu_count: FormText = "1",
-    template: FormText = "pytorch",
-    name: FormText = "",
-    plan: FormText = plans.ON_DEMAND,
-    team: FormText = "",
-    auto_renew: FormText = "",
-    start_when_cheap: FormText = "",
-    datasets: FormList | None = None,
-    model: FormText = "resnet50",
-    images: FormText = "",
-    epochs: FormText = "",
-    image_size: FormText = "",
-) -> Response:
-    """Create through the same service as POST /api/v1/instances, then go to the dashboard.
-    The estimate fields only come back so that a refused form keeps them."""
+def create(console: FormViewer, form: Annotated[CreateForm, Form()]) -> Response:
+    """Create through the same service as POST /api/v1/instances, then go to its page."""
     rt = console.runtime
-    picked = [d for d in (datasets or []) if d]
-    typed = CreateForm(
-        gpu_model,
-        gpu_count,
-        template,
-        name.strip(),
-        model,
-        images,
-        epochs,
-        image_size,
-        plan=plan,
-        team=team,
-        datasets=tuple(picked),
-        auto_renew=bool(auto_renew),
-        start_when_cheap=bool(start_when_cheap),
+    typed = form.model_copy(
+        update={"name": form.name.strip(), "datasets": [d for d in form.datasets if d]}
     )
 
     def act() -> str:
@@ -183,20 +155,20 @@ def create(
             console.session,
             console.user,
             catalog=rt.catalog,
-            gpu=gpu_request(gpu_model, gpu_count),
-            template=template.strip(),
-            name=name.strip() or None,
+            gpu=gpu_request(typed.gpu_model, typed.gpu_count),
+            template=typed.template.strip(),
+            name=typed.name or None,
             auto_release=False,
             min_start_minutes=rt.settings.min_start_minutes,
             workspaces=rt.settings.workspaces_path,
-            plan=plan.strip() or plans.ON_DEMAND,
-            team=team.strip() or None,
-            auto_renew=typed.auto_renew,
-            start_when_cheap=typed.start_when_cheap,
+            plan=typed.plan.strip() or plans.ON_DEMAND,
+            team=typed.team.strip() or None,
+            auto_renew=bool(typed.auto_renew),
+            start_when_cheap=bool(typed.start_when_cheap),
         )
-        if picked:
-            mounts.attach_datasets(console.session, console.user, instance, picked)
+        if typed.datasets:
+            mounts.attach_datasets(console.session, console.user, instance, typed.datasets)
         console.wake_reconcilers()
-        return "/"
+        return f"/instances/{instance.id}"
 
     return console.act(act, lambda exc: _page(console, typed, exc))

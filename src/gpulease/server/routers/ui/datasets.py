@@ -56,11 +56,9 @@ def _page(
         "max_files": console_push.MAX_FILES,
         "max_bytes": format_bytes(console_push.MAX_BYTES),
         "name": name,
-        "error": refusal.message if refusal else "",
         "notice": notice,
     }
-    status = refusal.status if refusal else 200
-    return console.render("datasets/page.html", context, page="datasets", status_code=status)
+    return console.form_page("datasets/page.html", context, refusal, page="datasets")
 
 
 def _refused(console: Viewer, refusal: GpuleaseError, name: str = "") -> Response:

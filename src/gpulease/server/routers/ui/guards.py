@@ -144,11 +144,37 @@ class Viewer:
         return self.user.role == "admin"
 
     def render(
-        self, template: str, context: dict[str, Any], *, page: str = "", status_code: int = 200
+        self,
+        template: str,
+        context: dict[str, Any],
+        *,
+        page: str = "",
+        status_code: int = 200,
+        terminal: bool = False,
     ) -> HTMLResponse:
         return render(
-            self.request, template, context, user=self.public, page=page, status_code=status_code
+            self.request,
+            template,
+            context,
+            user=self.public,
+            page=page,
+            status_code=status_code,
+            terminal=terminal,
         )
+
+    def form_page(
+        self,
+        template: str,
+        context: dict[str, Any],
+        refusal: GpuleaseError | None,
+        *,
+        page: str = "",
+        terminal: bool = False,
+    ) -> HTMLResponse:
+        """A page with a form: a refusal's message as `error`, and the refusal's status."""
+        full = {**context, "error": refusal.message if refusal else ""}
+        status = refusal.status if refusal else 200
+        return self.render(template, full, page=page, status_code=status, terminal=terminal)
 
     def error(self, title: str, message: str, status_code: int) -> HTMLResponse:
         """The error page, with the nav of the signed-in user."""

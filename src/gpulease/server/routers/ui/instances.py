@@ -25,16 +25,8 @@ from gpulease.server.routers.ui.guards import (
 )
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import runs
-from gpulease.server.services.instances import autostop, lifecycle, schedules
+from gpulease.server.services.instances import autostop, lifecycle, schedules, states
 from gpulease.server.services.instances.resize import RESIZABLE
-from gpulease.server.services.instances.states import (
-    FAILED,
-    QUEUED,
-    RELEASED,
-    RUNNING,
-    STARTING,
-    STOPPED,
-)
 
 router = console_router()
 
@@ -42,6 +34,8 @@ FormText = Annotated[str, Form()]
 INSTANCE_RUNS = 50
 REFRESH_MS = 2000
 MAX_REF = 64
+# An instance in these states can be stopped and takes runs.
+LIVE = (states.QUEUED, states.STARTING, states.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -112,10 +106,10 @@ def load_instance(
             GpuCard(g.index, g.uuid, g.model or g.nvml_name, g.memory_mb, g.simulated)
             for g in instance.gpus
         ],
-        can_stop=status in (QUEUED, STARTING, RUNNING),
-        can_start=status in (STOPPED, FAILED),
-        can_release=status != RELEASED and instance.desired_state != "released",
-        can_run=status in (QUEUED, STARTING, RUNNING) and instance.desired_state == "running",
+        can_stop=status in LIVE,
+        can_start=status in (states.STOPPED, states.FAILED),
+        can_release=status != states.RELEASED and instance.desired_state != "released",
+        can_run=status in LIVE and instance.desired_state == "running",
     )
     return instance, view
 
@@ -136,12 +130,12 @@ def _page(
         "panel": autostop_panel(console.session, rt, instance),
         # empty: console forms are guarded by their Origin (routers/ui/guards.same_site)
         "csrf": "",
-        "error": refusal.message if refusal else "",
         "command": command,
         "refresh_ms": REFRESH_MS,
     }
-    status = refusal.status if refusal else 200
-    return console.render("instances/page.html", context, page="instance", status_code=status)
+    return console.form_page(
+        "instances/page.html", context, refusal, page="instance", terminal=True
+    )
 
 
 @router.get("/instances/{ref}")

@@ -43,14 +43,10 @@ def _page(
         "deliveries": deliveries,
         "categories": notifications.CATEGORIES,
         "notice": notice,
-        "error": refusal.message if refusal else "",
         "typed_url": typed_url,
         "typed_email": typed_email,
     }
-    status = refusal.status if refusal else 200
-    return console.render(
-        "settings/notifications.html", context, page="settings", status_code=status
-    )
+    return console.form_page("settings/notifications.html", context, refusal, page="settings")
 
 
 @router.get(PATH)

@@ -31,6 +31,8 @@ class RunView:
     instance_name: str
     tail_from: int
     keys: list[str]
+    finished: bool
+    """It exited: the page stops refreshing and its badge says "Finished", not "Live"."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ def load_run(session: Session, user: User, text: str) -> RunView:
         instance_name=names.get(run.instance_id, f"#{run.instance_id}"),
         tail_from=max(last - TAIL_CHUNKS, -1),
         keys=console.metric_keys(session, [run.id]),
+        finished=runs.is_finished(run),
     )
 
 

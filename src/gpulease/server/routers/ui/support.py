@@ -3,7 +3,6 @@ instance or run page, and a ticket's thread where both sides reply."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Form, Response
@@ -12,6 +11,7 @@ from sqlalchemy.orm import Session
 from gpulease.core.errors import GpuleaseError, NotFound
 from gpulease.schemas.support import SupportTicketDetail
 from gpulease.server.orm import Run, User
+from gpulease.server.routers.ui.forms import FormBody
 from gpulease.server.routers.ui.guards import ConsolePage, FormViewer, PageViewer, console_router
 from gpulease.server.services import runs, support
 from gpulease.server.services.instances.lifecycle import get_instance
@@ -21,19 +21,20 @@ router = console_router()
 FormText = Annotated[str, Form()]
 
 
-@dataclass
-class TicketForm:
+class TicketForm(FormBody):
+    """A new ticket: about an instance (its name or id) or a run of yours; attach_log is
+    "on" when the run's log goes with it."""
+
     subject: str = ""
     body: str = ""
     instance: str = ""
     run: str = ""
-    attach_log: bool = True
-    # What the ticket is about, for people: "instance cats", "run #12 (python train.py)".
-    about: str = ""
+    attach_log: str = ""
 
 
 def _about(session: Session, user: User, form: TicketForm) -> str:
-    """Describe the instance / run the form is about; NotFound for what is not the user's."""
+    """What the ticket is about, for people ("instance cats", "run #12 (python train.py) on
+    cats"); NotFound for what is not the user's."""
     parts = []
     if form.run:
         if not form.run.isdigit():
@@ -55,52 +56,44 @@ def tickets_page(console: PageViewer) -> Response:
 
 
 def _new_page(
-    console: ConsolePage, form: TicketForm, refusal: GpuleaseError | None = None
+    console: ConsolePage, form: TicketForm, about: str, refusal: GpuleaseError | None = None
 ) -> Response:
-    context = {
-        "form": form,
-        "error": refusal.message if refusal else "",
-        "max_body": support.MAX_BODY,
-    }
-    status = refusal.status if refusal else 200
-    return console.render("support/new.html", context, page="support", status_code=status)
+    context = {"form": form, "about": about, "max_body": support.MAX_BODY}
+    return console.form_page("support/new.html", context, refusal, page="support")
 
 
 @router.get("/support/new")
 def new_ticket_page(console: PageViewer, instance: str = "", run: str = "") -> Response:
-    form = TicketForm(instance=instance.strip()[:64], run=run.strip()[:20])
+    form = TicketForm(instance=instance.strip()[:64], run=run.strip()[:20], attach_log="on")
     try:
-        form.about = _about(console.session, console.user, form)
+        about = _about(console.session, console.user, form)
     except NotFound as exc:
         return console.refused(exc, "Ticket not found")
-    return _new_page(console, form)
+    return _new_page(console, form, about)
 
 
 @router.post("/support/new")
-def open_ticket(
-    console: FormViewer,
-    subject: FormText = "",
-    body: FormText = "",
-    instance: FormText = "",
-    run: FormText = "",
-    attach_log: FormText = "",
-) -> Response:
-    form = TicketForm(subject, body, instance.strip(), run.strip(), attach_log == "on")
+def open_ticket(console: FormViewer, posted: Annotated[TicketForm, Form()]) -> Response:
+    form = posted.model_copy(
+        update={"instance": posted.instance.strip(), "run": posted.run.strip()}
+    )
+    about = ""
 
     def act() -> str:
-        form.about = _about(console.session, console.user, form)
+        nonlocal about
+        about = _about(console.session, console.user, form)
         ticket = support.open_ticket(
             console.session,
             console.user,
-            subject,
-            body,
+            form.subject,
+            form.body,
             instance_ref=form.instance or None,
             run_id=int(form.run) if form.run else None,
-            attach_log=form.attach_log and bool(form.run),
+            attach_log=form.attach_log == "on" and bool(form.run),
         )
         return f"/support/{ticket.id}"
 
-    return console.act(act, lambda exc: _new_page(console, form, exc))
+    return console.act(act, lambda exc: _new_page(console, form, about, exc))
 
 
 def _ticket_page(
@@ -113,12 +106,10 @@ def _ticket_page(
     context = {
         "ticket": ticket,
         "reply": reply,
-        "error": refusal.message if refusal else "",
         "is_admin": support.is_admin(console.user),
         "is_owner": ticket.owner == console.user.name,
     }
-    status = refusal.status if refusal else 200
-    return console.render("support/ticket.html", context, page="support", status_code=status)
+    return console.form_page("support/ticket.html", context, refusal, page="support")
 
 
 def _ticket_id(text: str) -> int:

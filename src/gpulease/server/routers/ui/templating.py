@@ -22,17 +22,30 @@ SERVER_DIR = Path(__file__).parents[2]
 TEMPLATES_DIR = SERVER_DIR / "templates"
 STATIC_DIR = SERVER_DIR / "static"
 
-# Scripts and styles come only from /static: no inline code, nothing from elsewhere.
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+
+def content_security_policy(*, inline_styles: bool = False) -> str:
+    """Scripts and styles come only from /static: no inline code, nothing from elsewhere.
+    `inline_styles` lets a page's scripts add <style> elements, for the pages that hold the
+    terminal (xterm.js sizes its rows and draws its theme with style sheets it writes
+    itself); inline script stays refused everywhere."""
+    styles = "'self' 'unsafe-inline'" if inline_styles else "'self'"
+    return (
+        f"default-src 'self'; script-src 'self'; style-src {styles}; img-src 'self' data:; "
         "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
         "frame-ancestors 'none'"
-    ),
+    )
+
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": content_security_policy(),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
+}
+TERMINAL_HEADERS = {
+    **SECURITY_HEADERS,
+    "Content-Security-Policy": content_security_policy(inline_styles=True),
 }
 
 
@@ -118,10 +131,13 @@ def render(
     user: UserPublic | None = None,
     page: str = "",
     status_code: int = 200,
+    terminal: bool = False,
 ) -> HTMLResponse:
-    """A console page: the template with the nav, the viewer and the security headers."""
+    """A console page: the template with the nav, the viewer and the security headers
+    (`terminal`: a page that holds the terminal, with the policy xterm.js needs)."""
     nav = [item for item in NAV if user and (not item.admin_only or user.role == "admin")]
     full = {"user": user, "page": page, "nav": nav, **(context or {})}
+    headers = TERMINAL_HEADERS if terminal else SECURITY_HEADERS
     return templates.TemplateResponse(
-        request, template, full, status_code=status_code, headers=SECURITY_HEADERS
+        request, template, full, status_code=status_code, headers=headers
     )

@@ -101,7 +101,7 @@ def terminal_page(ref: str, console: PageViewer) -> Response:
     positions = lifecycle.queue_position_map(console.session)
     public = instance_public(console.session, instance, console.runtime.catalog, positions)
     context = {"instance": public, "csrf": "", "standalone": True}
-    return console.render("instances/terminal.html", context, page="instance")
+    return console.render("instances/terminal.html", context, page="instance", terminal=True)
 
 
 def _size(value: Any, default: int) -> int:

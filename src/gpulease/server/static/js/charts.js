@@ -121,19 +121,22 @@
     }
   };
 
-  async function getJSON(url) {
-    const response = await fetch(url, {
-      credentials: "same-origin",
-      cache: "no-store",
-      headers: { Accept: "application/json" },
-    });
-    if (response.status === 401) {
-      window.location.assign("/login");
-      throw new Error("log in again");
+  // Runs start(card, GpuleaseCharts) for the page's chart card, when the page has it and
+  // the chart library loaded.
+  function page(id, start) {
+    const card = document.getElementById(id);
+    if (card && window.uPlot && window.Gpulease) start(card, window.GpuleaseCharts);
+  }
+
+  // The JSON at url; null when it cannot be had, after saying why in `note` (what failed:
+  // the reason).
+  async function load(url, note, what) {
+    try {
+      return await window.Gpulease.getJSON(url);
+    } catch (err) {
+      note.textContent = what + ": " + err.message;
+      return null;
     }
-    const data = await response.json().catch(() => ({}));
-    if (!response.ok) throw new Error(data.detail || "HTTP " + response.status);
-    return data;
   }
 
   // A titled box for a chart, appended to `parent`.
@@ -152,5 +155,5 @@
   }
 
   window.GpuleaseCharts = {
-    keyOrder: keyOrder, Chart: Chart, Curve: Curve, align: align, color: color, getJSON: getJSON, box: box, compact: compact };
+    keyOrder: keyOrder, Chart: Chart, Curve: Curve, align: align, color: color, load: load, box: box, page: page, compact: compact };
 })();

@@ -1,10 +1,7 @@
 // Compare runs: for each metric key, the curves of the chosen runs overlaid on one chart
 // (GET /api/v1/runs/compare?ids=..&key=..). The picker is a plain GET form.
-(function () {
-  "use strict";
-  const card = document.getElementById("compare");
-  if (!card || !window.GpuleaseCharts || !window.uPlot) return;
-  const C = window.GpuleaseCharts;
+"use strict";
+window.GpuleaseCharts.page("compare", (card, C) => {
   const ids = card.dataset.ids;
   const keys = card.dataset.keys ? card.dataset.keys.split(",") : [];
   const grid = document.getElementById("compare-charts");
@@ -18,13 +15,8 @@
   async function drawKey(key) {
     const el = C.box(grid, key);
     el.dataset.metricKey = key;
-    let data;
-    try {
-      data = await C.getJSON(`/api/v1/runs/compare?ids=${encodeURIComponent(ids)}&key=${encodeURIComponent(key)}`);
-    } catch (err) {
-      el.textContent = key + ": " + err.message;
-      return;
-    }
+    const data = await C.load(`/api/v1/runs/compare?ids=${encodeURIComponent(ids)}&key=${encodeURIComponent(key)}`, el, key);
+    if (!data) return;
     const curves = data.runs.map((r) => {
       const s = (r.series || []).find((x) => x.key === key);
       return s ? { steps: s.steps, values: s.values } : { steps: [], values: [] };
@@ -48,4 +40,4 @@
       window.location.assign("/runs/compare?ids=" + picked.join(","));
     });
   }
-})();
+});

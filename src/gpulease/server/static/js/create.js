@@ -3,9 +3,9 @@
 (function () {
   "use strict";
   const gpu = document.getElementById("gpu-model");
-  const template = document.getElementById("template");
+  const templates = document.getElementById("template"); // the fieldset of radio buttons
   const note = document.getElementById("template-note");
-  if (!gpu || !template) return;
+  if (!gpu || !templates) return;
   const offered = new Map(); // option -> disabled by the server (not offered at all)
   for (const option of gpu.options) offered.set(option, option.disabled);
 
@@ -13,8 +13,14 @@
     return "data-refused-" + name.toLowerCase().replace(/[_.]/g, "-");
   }
 
+  function chosen() {
+    const checked = templates.querySelector('input[name="template"]:checked');
+    return checked ? checked.value : "";
+  }
+
   function update() {
-    const key = attr(template.value);
+    const template = chosen();
+    const key = attr(template);
     let refusedChosen = "";
     for (const option of gpu.options) {
       const reason = option.getAttribute(key);
@@ -23,10 +29,10 @@
       if (reason && option.selected) refusedChosen = reason;
     }
     note.hidden = !refusedChosen;
-    note.textContent = refusedChosen ? template.value + " cannot run on " + gpu.value + ": " + refusedChosen : "";
+    note.textContent = refusedChosen ? template + " cannot run on " + gpu.value + ": " + refusedChosen : "";
   }
 
-  template.addEventListener("change", update);
+  templates.addEventListener("change", update);
   gpu.addEventListener("change", update);
   update();
 })();

@@ -5,7 +5,7 @@
 (function () {
   "use strict";
   const root = document.getElementById("heatmap");
-  if (!root) return;
+  if (!root || !window.Gpulease) return;
   const SVG = "http://www.w3.org/2000/svg";
   const src = root.dataset.src;
   const every = Number(root.dataset.every) || 15000;
@@ -16,8 +16,6 @@
   const NODE_H = 24;
   const AXIS_H = 22;
   let data = null;
-  let timer = null;
-  let busy = false;
 
   function el(name, attrs, text) {
     const node = document.createElementNS(SVG, name);
@@ -41,10 +39,7 @@
   }
 
   function setState(state, message) {
-    if (indicator) {
-      indicator.dataset.state = state;
-      indicator.querySelector(".live-text").textContent = state === "on" ? "Live" : "Reconnecting…";
-    }
+    window.Gpulease.badge(indicator, state);
     const status = document.getElementById("heatmap-status");
     if (status) status.textContent = message || "";
   }
@@ -144,14 +139,8 @@
   }
 
   async function refresh() {
-    if (busy) return;
-    busy = true;
     try {
-      const response = await fetch(src, { credentials: "same-origin", cache: "no-store" });
-      if (response.status === 401) {
-        window.location.assign("/login?next=" + encodeURIComponent(location.pathname));
-        return;
-      }
+      const response = await window.Gpulease.request(src, "application/json");
       if (!response.ok) throw new Error("HTTP " + response.status);
       data = await response.json();
       draw();
@@ -160,29 +149,14 @@
       document.dispatchEvent(new CustomEvent("heatmap:updated"));
     } catch (err) {
       setState("off", data ? "" : "Could not load the readings (" + err.message + "); retrying.");
-    } finally {
-      busy = false;
     }
   }
 
-  function schedule() {
-    clearTimeout(timer);
-    if (document.hidden) return; // a background tab does not poll
-    timer = setTimeout(async () => {
-      await refresh();
-      schedule();
-    }, every);
-  }
-
-  document.addEventListener("visibilitychange", () => {
-    if (!document.hidden) refresh();
-    schedule();
-  });
+  const loop = window.Gpulease.poll(refresh, every);
   let resizing = null;
   window.addEventListener("resize", () => {
     clearTimeout(resizing);
     resizing = setTimeout(draw, 150);
   });
-  refresh();
-  schedule();
+  loop.now();
 })();

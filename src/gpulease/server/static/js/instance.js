@@ -1,11 +1,8 @@
 // The instance page's GPU charts: utilisation, memory, power and temperature of each real GPU,
 // first from /api/v1/instances/{id}/gpus, then grown live from its `sample` events
 // (/gpus/stream). Simulated GPUs have no readings and no charts.
-(function () {
-  "use strict";
-  const card = document.getElementById("gpus");
-  if (!card || !window.GpuleaseCharts || !window.uPlot) return;
-  const C = window.GpuleaseCharts;
+"use strict";
+window.GpuleaseCharts.page("gpus", (card, C) => {
   const id = card.dataset.instance;
   const note = document.getElementById("gpu-note");
   const METRICS = [
@@ -57,13 +54,8 @@
   async function start() {
     for (const el of card.querySelectorAll('.gpu-card[data-simulated="no"]')) setup(el);
     if (!gpus.size) return;
-    let data;
-    try {
-      data = await C.getJSON(`/api/v1/instances/${id}/gpus`);
-    } catch (err) {
-      note.textContent = "Could not load GPU readings: " + err.message;
-      return;
-    }
+    const data = await C.load(`/api/v1/instances/${id}/gpus`, note, "Could not load GPU readings");
+    if (!data) return;
     for (const g of data.gpus || []) {
       const entry = gpus.get(g.uuid);
       if (!entry || !g.series) continue;
@@ -92,4 +84,4 @@
   }
 
   start();
-})();
+});

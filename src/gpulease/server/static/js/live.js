@@ -1,21 +1,16 @@
 // Live regions. The element with data-live-src is refreshed every data-live-every ms: the
 // server answers with HTML fragments, and each fragment that has an id and data-live replaces
-// the element with that id. After each refresh, "live:updated" fires on the document.
+// the element with that id. After each refresh, "live:updated" fires on the document. A page
+// whose subject has finished (a run that exited) carries data-live-final on a live element:
+// the badge then says so and the polling stops.
 (function () {
   "use strict";
   const root = document.querySelector("[data-live-src]");
-  if (!root) return;
+  if (!root || !window.Gpulease) return;
+  const G = window.Gpulease;
   const src = root.dataset.liveSrc;
   const every = Number(root.dataset.liveEvery) || 2000;
   const indicator = document.getElementById("live-state");
-  let timer = null;
-  let busy = false;
-
-  function setState(state) {
-    if (!indicator || indicator.dataset.state === state) return;
-    indicator.dataset.state = state;
-    indicator.querySelector(".live-text").textContent = state === "on" ? "Live" : "Reconnecting…";
-  }
 
   function swap(html) {
     const template = document.createElement("template");
@@ -26,42 +21,28 @@
     }
   }
 
-  async function refresh() {
-    if (busy) return;
-    busy = true;
+  // True when the page shows a finished subject: the badge says what it came to.
+  function finished() {
+    const final = document.querySelector("[data-live-final]");
+    if (!final) return false;
+    if (indicator) {
+      indicator.dataset.state = "done";
+      indicator.querySelector(".live-text").textContent = final.dataset.liveFinal;
+    }
+    return true;
+  }
+
+  if (finished()) return;
+  const loop = G.poll(async () => {
     try {
-      const response = await fetch(src, {
-        credentials: "same-origin",
-        cache: "no-store",
-        headers: { Accept: "text/html" },
-      });
-      if (response.status === 401) {
-        window.location.assign("/login");
-        return;
-      }
+      const response = await G.request(src, "text/html");
       if (!response.ok) throw new Error("HTTP " + response.status);
       swap(await response.text());
-      setState("on");
+      G.badge(indicator, "on");
       document.dispatchEvent(new CustomEvent("live:updated"));
+      if (finished()) loop.stop();
     } catch (_) {
-      setState("off");
-    } finally {
-      busy = false;
+      G.badge(indicator, "off");
     }
-  }
-
-  function schedule() {
-    clearTimeout(timer);
-    if (document.hidden) return; // a background tab does not poll
-    timer = setTimeout(async () => {
-      await refresh();
-      schedule();
-    }, every);
-  }
-
-  document.addEventListener("visibilitychange", () => {
-    if (!document.hidden) refresh();
-    schedule();
-  });
-  schedule();
+  }, every);
 })();

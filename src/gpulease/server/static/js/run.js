@@ -1,11 +1,8 @@
 // The run page's curves: one chart per metric key, first from /api/v1/runs/{id}/metrics,
 // then grown live from the `metric` events of /api/v1/runs/{id}/stream (logs=false: the log
 // card has its own stream, logtail.js).
-(function () {
-  "use strict";
-  const card = document.getElementById("metrics");
-  if (!card || !window.GpuleaseCharts || !window.uPlot) return;
-  const C = window.GpuleaseCharts;
+"use strict";
+window.GpuleaseCharts.page("metrics", (card, C) => {
   const runId = card.dataset.runId;
   const grid = document.getElementById("metric-charts");
   const note = document.getElementById("metrics-note");
@@ -63,13 +60,8 @@
   }
 
   async function start() {
-    let data;
-    try {
-      data = await C.getJSON(`/api/v1/runs/${runId}/metrics`);
-    } catch (err) {
-      note.textContent = "Could not load the metrics: " + err.message;
-      return;
-    }
+    const data = await C.load(`/api/v1/runs/${runId}/metrics`, note, "Could not load the metrics");
+    if (!data) return;
     const series = (data.series || []).slice().sort((a, b) => C.keyOrder(a.key, b.key));
     for (const s of series) {
       const entry = chartFor(s.key);
@@ -85,4 +77,4 @@
 
   window.addEventListener("pagehide", () => source && source.close());
   start();
-})();
+});

@@ -72,9 +72,12 @@
         ws.send(JSON.stringify({ type: "resize", cols: size.cols, rows: size.rows }));
       }
     });
-    window.addEventListener("resize", function () {
+    // Keep the terminal the size of its box: the window, the card or the page's layout.
+    function refit() {
       try { fit.fit(); } catch (e) { /* hidden */ }
-    });
+    }
+    if (window.ResizeObserver) new ResizeObserver(refit).observe(box);
+    else window.addEventListener("resize", refit);
   }
 
   function init() {
