@@ -124,3 +124,32 @@ def test_the_server_runs_on_s3(
     assert list(store.iterate()) == ["k/1"]
     with pytest.raises(ValueError, match="GPULEASE_S3_BUCKET"):
         Settings(home=tmp_path, blob_store="s3")
+
+
+def test_fs_sync_fsyncs_this_threads_puts_and_skips_deleted_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    store = FsBlobStore(tmp_path / "blobs")
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    store.put("p/1/kept", b"kept")
+    store.put("p/1/gone", b"gone")
+    store.delete("p/1/gone")
+    elsewhere = threading.Thread(target=store.put, args=("p/2/other", b"other thread"))
+    elsewhere.start()
+    elsewhere.join()
+    store.sync()
+    kept = store.path_of("p/1/kept")
+    assert str(kept) in synced and str(kept.parent) in synced
+    assert not any("gone" in path or "other" in path for path in synced)
+    synced.clear()
+    store.sync()  # nothing new since
+    assert synced == []
