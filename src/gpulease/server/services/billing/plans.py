@@ -97,6 +97,7 @@ def buy_block(session: Session, instance: Instance, catalog: Catalog, now: datet
         kind="daily_block",
         team_id=instance.team_id,
         instance_id=instance.id,
+        at=now,
     )
     instance.daily_blocks = block
     instance.reserved_until = now + BLOCK

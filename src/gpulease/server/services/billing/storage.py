@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from gpulease.server.orm import StorageMeter
 from gpulease.server.services import ledger
+from gpulease.server.services.rows import insert
 
 KIB_PER_GIB = 1024 * 1024
 SECONDS_PER_DAY = 86_400
@@ -61,8 +62,7 @@ def meter_for(
             price_micro_per_gb_day=price_micro,
             measured_at=now,
         )
-        session.add(meter)
-        session.flush()
+        insert(session, meter)
     return meter
 
 
@@ -110,6 +110,7 @@ def record(
             kind="storage",
             team_id=meter.team_id,
             instance_id=meter.ref_id if meter.kind == "workspace" else None,
+            at=now,
         )
     session.refresh(meter)
     return amount
