@@ -75,23 +75,40 @@ def test_exec_exits_1_and_says_why_when_the_instance_goes_away(cli: Cli) -> None
     assert re.search(r"error: run \d+ failed: stopped by its owner", result.stderr)
 
 
+def start_the_cluster_on_the_first_wait(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the instance queued until the CLI has said what it waits for (its first poll)."""
+    started: list[bool] = []
+
+    def sleep(seconds: float) -> None:
+        if not started:
+            started.append(True)
+            cli.server.cluster.start()
+        time.sleep(seconds)
+
+    monkeypatch.setattr(instances, "time", SimpleNamespace(sleep=sleep))
+
+
 def test_exec_on_a_queued_instance_says_what_it_waits_for(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ann = cli.login_as("ann")
     ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
-    started: list[bool] = []
-
-    def start_on_the_first_wait(seconds: float) -> None:
-        if not started:  # the CLI has said what it waits for: let the scheduler place it
-            started.append(True)
-            cli.server.cluster.start()
-        time.sleep(seconds)
-
-    monkeypatch.setattr(instances, "time", SimpleNamespace(sleep=start_on_the_first_wait))
+    start_the_cluster_on_the_first_wait(cli, monkeypatch)
     result = cli("exec", "box", "--", "echo hi")
     assert result.exit_code == 0, result.output
     assert "instance box: queued, next to start" in result.stderr
+
+
+def test_logs_follow_of_a_pending_run_says_what_it_waits_for(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ann = cli.login_as("ann")
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
+    run = ann.runs.create("box", RunCreate(command="echo later"))
+    start_the_cluster_on_the_first_wait(cli, monkeypatch)
+    followed = cli("logs", str(run.id), "-f")
+    assert followed.exit_code == 0, followed.output
+    assert "instance box: queued, next to start" in followed.stderr
 
 
 def task_dir(tmp_path: Path) -> Path:

@@ -34,7 +34,7 @@ from gpulease.cli.output import (
     symbol_of,
     when,
 )
-from gpulease.cli.retry import MAX_RETRIES, Attempt, with_retries
+from gpulease.cli.retry import MAX_RETRIES, Attempt, requeued_run, with_retries
 from gpulease.client import (
     ClientError,
     EndEvent,
@@ -404,6 +404,12 @@ def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | 
             task = f"task {spec.name!r}: " if spec.name else ""
             note(f"instance {instance.name} is running; run {run.id}, {task}{first_line(spec.run)}")
         end = stream_run(client, run.id)
+        while (again := requeued_run(client, instance.id, run, end)) is not None:
+            note(f"run {run.id} was interrupted; instance {instance.name} is queued again")
+            run = again
+            wait_until_started(client, instance.id)
+            note(f"run {run.id} resumes the task:")
+            end = stream_run(client, run.id)
     except KeyboardInterrupt:
         note(f"interrupted: releasing instance {instance.name}")
         _release(client, instance.id, instance.name)
@@ -476,6 +482,9 @@ def logs(
     with logged_in_client() as client:
         if follow:
             try:
+                pending = client.runs.get(run_id)
+                if pending.status == "pending":  # say what its instance waits for
+                    wait_until_started(client, pending.instance_id)
                 stream_run(client, run_id)
             except KeyboardInterrupt:
                 raise typer.Exit(EXIT_INTERRUPTED) from None
