@@ -1,17 +1,28 @@
 """`gpulease run --retry N`: a task whose instance failed under it (its node left the cluster,
 its runner died) runs again on a new instance, which the scheduler places on a node that is
-still there. A task that ended on its own (any exit code) or was stopped is not retried."""
+still there. A task that ended on its own (any exit code) or was stopped is not retried.
+
+The server queues some instances again by itself, with their interrupted run queued on them
+again (a spot instance preempted, or on a node that left): `gpulease run` follows that run
+(requeued_run) rather than ending with the interrupted one."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpulease.cli.output import note
 from gpulease.client import ClientError, EndEvent, GpuleaseClient
 from gpulease.core.taskspec import MAX_RETRIES
+from gpulease.schemas.runs import RunPublic
 
-__all__ = ["MAX_RETRIES", "Attempt", "failure_under", "with_retries"]
+__all__ = ["MAX_RETRIES", "Attempt", "failure_under", "requeued_run", "with_retries"]
+
+# A stopped instance its owner still wants running is queued again at the server's next
+# scheduler pass: wait this long for that before the interrupted run counts as the end.
+REQUEUE_WAIT_S = 10.0
+POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -57,3 +68,38 @@ def with_retries(
         plural = "retry" if left == 1 else "retries"
         note(f"{why}; running the task again on a new instance ({left} {plural} left)")
     raise AssertionError("not reached: the last attempt always returns")
+
+
+def requeued_run(
+    client: GpuleaseClient,
+    instance_id: int,
+    run: RunPublic,
+    end: EndEvent,
+    *,
+    wait_s: float = REQUEUE_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RunPublic | None:
+    """The run the server queued again on the instance in place of `run`, which ended
+    without an exit code (interrupted), or None when there is none: the run ended on its
+    own, or the instance is not coming back (stopped or released by its owner, failed)."""
+    if end.exit_code is not None or end.status == "succeeded":
+        return None
+    for _ in range(max(1, int(wait_s / POLL_S))):
+        try:
+            instance = client.instances.get(instance_id)
+            runs = client.runs.list(instance_id=instance_id)
+        except ClientError:
+            return None
+        again = [
+            r
+            for r in runs
+            if r.id > run.id and r.command == run.command and r.status in ("pending", "running")
+        ]
+        if again:
+            return min(again, key=lambda r: r.id)
+        if instance.desired_state != "running" or instance.status in ("failed", "released"):
+            return None
+        if instance.status != "stopped":
+            return None  # live, and nothing queued in place of the run
+        sleep(POLL_S)  # stopped while wanted running: the scheduler queues it again
+    return None
