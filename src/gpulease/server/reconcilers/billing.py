@@ -3,10 +3,11 @@ releasing instances stopped for too long (with notices before)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpulease.core.errors import PaymentRequired
 from gpulease.core.money import format_credits
@@ -164,16 +165,8 @@ def dataset_storage(rt: Runtime) -> None:
             )
         )
         for owner_id in sorted(set(stored) | metered):
-            meter = storage.meter_for(
-                session,
-                kind="datasets",
-                ref_id=owner_id,
-                owner_id=owner_id,
-                team_id=None,
-                price_micro=price,
-                now=now,
-            )
-            storage.record(session, meter, -(-max(stored.get(owner_id, 0), 0) // 1024), now)
+            kib = -(-max(stored.get(owner_id, 0), 0) // 1024)
+            _measured(session, "datasets", owner_id, owner_id, None, kib, price, now)
 
 
 def workspace_storage(rt: Runtime) -> None:
@@ -206,13 +199,29 @@ def workspace_storage(rt: Runtime) -> None:
                     meter = session.merge(meter)
                     storage.record(session, meter, 0, now, close=True)
                 continue
-            meter = storage.meter_for(
-                session,
-                kind="workspace",
-                ref_id=instance_id,
-                owner_id=owner_id,
-                team_id=team_id,
-                price_micro=price,
-                now=now,
-            )
-            storage.record(session, meter, sizes.get(instance_id, 0), now)
+            kib = sizes.get(instance_id, 0)
+            _measured(session, "workspace", instance_id, owner_id, team_id, kib, price, now)
+
+
+def _measured(
+    session: Session,
+    kind: str,
+    ref_id: int,
+    owner_id: int,
+    team_id: int | None,
+    kib: int,
+    price_micro: int,
+    now: datetime,
+) -> None:
+    """Record a measurement of kib on the open meter of (kind, ref_id), opening one first
+    when there is none, and bill it since the last measurement."""
+    meter = storage.meter_for(
+        session,
+        kind=kind,
+        ref_id=ref_id,
+        owner_id=owner_id,
+        team_id=team_id,
+        price_micro=price_micro,
+        now=now,
+    )
+    storage.record(session, meter, kib, now)
