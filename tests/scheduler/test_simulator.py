@@ -76,6 +76,24 @@ def test_every_policy_finishes_every_job_and_backfill_policies_wait_less(policy:
         assert result.avg_queue <= fifo.avg_queue
 
 
+@pytest.mark.parametrize("policy", ("fifo", "default"))
+def test_an_eta_sample_changes_only_the_eta_figures(policy: str) -> None:
+    jobs = random_jobs(3, 300)
+    full = simulate(jobs, 8, 4, Config(policy))
+    part = simulate(jobs, 8, 4, Config(policy), eta_sample=3)
+    assert part.first_starts == full.first_starts  # estimates never change a decision
+    eta = ("eta_within_10min", "eta_within_25pct", "eta_jobs")
+    assert {k: v for k, v in part.figures().items() if k not in eta} == {
+        k: v for k, v in full.figures().items() if k not in eta
+    }
+    assert full.eta_jobs == 300 and part.eta_jobs == 100  # ids 0, 3, 6, …
+    # the sample's share is computed over the sample alone
+    assert 0 < part.eta_within_10min <= 1
+    assert abs(part.eta_within_10min - full.eta_within_10min) < 0.15
+    with pytest.raises(ValueError, match="at least 1"):
+        simulate(jobs, 8, 4, Config(policy), eta_sample=0)
+
+
 def write_trace(path: Path, rows: list[str]) -> Path:
     path.write_text("timestamp,duration,num_gpus,cluster\n" + "\n".join(rows) + "\n")
     return path

@@ -22,6 +22,7 @@ ROWS = (
     ("fairness", "Jain's fairness (slowdown)", "ratio"),
     ("eta_within_10min", "first ETA within 10 min", "pct"),
     ("eta_within_25pct", "first ETA within 25 %", "pct"),
+    ("eta_jobs", "jobs the ETA figures are over", "int"),
     ("preemptions", "preemptions", "int"),
 )
 
@@ -56,6 +57,14 @@ def simulate(
     plot: Annotated[
         Path | None, typer.Option("--plot", help="PNG of queue length and utilisation")
     ] = None,
+    eta_sample: Annotated[
+        int,
+        typer.Option(
+            "--eta-sample",
+            help="estimate the first start of every Nth job only (ETAs never change a "
+            "decision; each is a forward simulation of the queue)",
+        ),
+    ] = 1,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Replay TRACE through the same schedule() the server runs, one policy at a time."""
@@ -72,6 +81,8 @@ def simulate(
         )
     if gpus_per_node < 1 or gpus < gpus_per_node:
         fail("--gpus-per-node must be at least 1 and --gpus at least one node's worth", 2)
+    if eta_sample < 1:
+        fail("--eta-sample must be at least 1 (1: every job)", 2)
     if half_life <= 0:
         fail("--half-life must be a positive number of hours", 2)
     if plot is not None:
@@ -85,7 +96,16 @@ def simulate(
     for name in names:
         note(f"simulating {name}: {len(jobs):,} jobs on {nodes} × {gpus_per_node} GPUs")
         config = Config(policy=name, half_life=half_life * 3600)
-        results.append(run(jobs, nodes, gpus_per_node, config, samples=1000 if plot else 0))
+        results.append(
+            run(
+                jobs,
+                nodes,
+                gpus_per_node,
+                config,
+                samples=1000 if plot else 0,
+                eta_sample=eta_sample,
+            )
+        )
     if results[0].dropped:
         note(f"{results[0].dropped} jobs need more GPUs than the cluster has; left out")
     if plot is not None:
