@@ -105,7 +105,7 @@ def measure(url: str, n: int, rounds: int) -> tuple[list[float], list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--pg", default="postgresql+psycopg://root@127.0.0.1:5432/test")
     args = parser.parse_args()
     console = Console()
