@@ -8,9 +8,9 @@ from typing import Any
 
 from wired_cli import Cli
 
-from gpulease.server.db import transaction
+from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Run
-from gpulease.server.services.instances.states import FAILED, switch_status
+from gpulease.server.services.instances.states import FAILED, STOPPED, switch_status
 
 REASON = "node gpu-a left the cluster"
 
@@ -106,3 +106,28 @@ def test_retry_refusals(cli: Cli, tmp_path: Path) -> None:
     result = cli("run", str(task))
     assert result.exit_code == 2
     assert "retry must be a whole number from 0 to 10" in result.output
+
+
+def test_run_follows_its_task_when_the_server_queues_the_instance_again(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+
+    def job(run: dict[str, Any]) -> tuple[list[tuple[str, str]], int]:
+        if len(cli.server.cluster.runs) > 1:
+            return [("stdout", "resumed\n")], 0
+        with transaction(cli.server.rt.sessions) as session:  # as a spot instance's node dies
+            row = session.get(Run, run["id"])
+            assert row is not None
+            row.instance.preempted_at = utcnow()
+            switch_status(session, row.instance, STOPPED, REASON)
+        return [], 0
+
+    cli.server.cluster.job = job
+    cli.server.cluster.start()
+    result = cli("run", "--gpu", "T4:1", "--spot", "--", "python train.py")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "resumed\n"
+    assert "is queued again" in result.stderr
+    (instance,) = ann.instances.list(include_released=True)  # the same instance, not a new one
+    first, again = cli.server.cluster.runs
+    assert again["id"] > first["id"] and again["command"] == first["command"]
+    cli.server.cluster.wait_for(lambda: ann.instances.get(instance.id).status == "released")
