@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -163,6 +164,7 @@ def bench_push(
 def bench_node(
     root: Path, tree: Path, args: argparse.Namespace, console: Console
 ) -> list[tuple[str, float, str, float, str]]:
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
     from datasets_support import runner_connection, sdk
@@ -256,6 +258,12 @@ def main() -> None:
         root = Path(tmp)
         rows, tree = bench_push(root, args, console)
         rows += bench_node(root, tree, args, console)
+        report(rows, args, console)  # before the tree is removed: that takes a while
+
+
+def report(
+    rows: list[tuple[str, float, str, float, str]], args: argparse.Namespace, console: Console
+) -> None:
     table = Table(
         title=f"datasets: {args.n:,} files of about {args.size:,} bytes, medians of "
         f"{args.runs}+ runs, this host"
