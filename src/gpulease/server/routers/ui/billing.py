@@ -23,7 +23,7 @@ from gpulease.server.routers.deps import credits
 from gpulease.server.routers.ui.forms import FormBody
 from gpulease.server.routers.ui.guards import ConsolePage, FormViewer, PageViewer, console_router
 from gpulease.server.services import ledger, statements
-from gpulease.server.services.billing import limits, offpeak
+from gpulease.server.services.billing import limits, offpeak, plans
 
 router = console_router()
 
@@ -138,9 +138,12 @@ class CapsView:
 
 
 @dataclass(frozen=True)
-class PlanView:
+class PlanText:
+    """How the console words a plan: its option on the create form, its rule on Billing."""
+
     name: str
     title: str
+    option: str
     rule: str
 
 
@@ -168,28 +171,31 @@ class BillingView:
     revenue_csv_url: str
     ledger: LedgerPage
     caps: CapsView
-    plans: list[PlanView]
+    plans: list[PlanText]
     windows: list[WindowView]
 
 
 LEDGER_PAGE = 25
 MAX_LEDGER_PAGE = 100_000
-PLAN_RULES = (
-    PlanView(
-        "on_demand",
+PLAN_TEXTS = (
+    PlanText(
+        plans.ON_DEMAND,
         "On demand",
+        "On demand: per second at the hourly price",
         "Billed per second at the model's hourly price while the instance holds its GPUs; "
         "off-peak windows discount it. Stop it and billing stops.",
     ),
-    PlanView(
-        "spot",
+    PlanText(
+        plans.SPOT,
         "Spot",
+        "Spot: cheaper per second, may be interrupted",
         "Billed per second at the lower spot price (off-peak discounts too), but the "
         "instance may be stopped when the GPUs are needed; its workspace is kept.",
     ),
-    PlanView(
-        "daily",
+    PlanText(
+        plans.DAILY,
         "Daily",
+        "Daily: a prepaid 24-hour block, GPUs reserved for you",
         "A prepaid 24-hour block, cheaper than 24 h on demand; the GPUs stay reserved for "
         "you for the whole block, even while stopped. Unused time is not refunded.",
     ),
@@ -308,7 +314,7 @@ def _billing_page(
         revenue_csv_url=f"/api/v1/admin/revenue.csv?{query}",
         ledger=ledger_page(session, user.id, page, catalog, period_query),
         caps=caps_view(session, user.id, symbol, typed_caps),
-        plans=list(PLAN_RULES),
+        plans=list(PLAN_TEXTS),
         windows=windows_view(session),
     )
     context = {"view": view, "error": error, "notice": notice}

@@ -12,6 +12,7 @@ from gpulease.core import estimates
 from gpulease.core.catalog import CPU_MODEL, Catalog
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_credits
+from gpulease.server.routers.ui.billing import PLAN_TEXTS
 from gpulease.server.routers.ui.catalog import template_fits, usable_templates
 from gpulease.server.routers.ui.forms import FormBody
 from gpulease.server.routers.ui.guards import ConsolePage, FormViewer, PageViewer, console_router
@@ -24,11 +25,7 @@ router = console_router()
 
 PATH = "/instances/new"
 MAX_FORM_GPUS = 64
-PLAN_LABELS = {
-    plans.ON_DEMAND: "On demand: per second at the hourly price",
-    plans.DAILY: "Daily: a prepaid 24-hour block, GPUs reserved for you",
-    plans.SPOT: "Spot: cheaper per second, may be interrupted",
-}
+PLAN_OPTIONS = {p.name: p.option for p in PLAN_TEXTS}
 
 
 @dataclass(frozen=True)
@@ -103,7 +100,7 @@ def _page(console: ConsolePage, form: CreateForm, refusal: GpuleaseError | None 
         "form": form,
         "gpus": choices,
         "reasons": reasons,
-        "plans": [(p, PLAN_LABELS.get(p, p)) for p in plans.PLANS],
+        "plans": [(p, PLAN_OPTIONS.get(p, p)) for p in plans.PLANS],
         "offpeak": bool(offpeak.list_windows(session)),
         "teams": [t.name for t in teams.my_teams(session, user)],
         "datasets": [d.name for d in library.list_datasets(session, user)],
