@@ -10,6 +10,7 @@ from wired_cli import Cli
 
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Run
+from gpulease.server.services import preemption
 from gpulease.server.services.instances.states import FAILED, STOPPED, switch_status
 
 REASON = "node gpu-a left the cluster"
@@ -131,3 +132,24 @@ def test_run_follows_its_task_when_the_server_queues_the_instance_again(cli: Cli
     first, again = cli.server.cluster.runs
     assert again["id"] > first["id"] and again["command"] == first["command"]
     cli.server.cluster.wait_for(lambda: ann.instances.get(instance.id).status == "released")
+
+
+def test_run_follows_its_task_through_a_preemption(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+
+    def job(run: dict[str, Any]) -> tuple[list[tuple[str, str]], int]:
+        if len(cli.server.cluster.runs) > 1:
+            return [("stdout", "resumed\n")], 0
+        with transaction(cli.server.rt.sessions) as session:
+            row = session.get(Run, run["id"])
+            assert row is not None
+            assert preemption.preempt(session, row.instance, utcnow(), grace_s=30)
+        return [("stdout", "checkpointed\n")], 0  # it exits in the grace, with a code
+
+    cli.server.cluster.job = job
+    cli.server.cluster.start()
+    result = cli("run", "--gpu", "T4:1", "--spot", "--", "python train.py")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "checkpointed\nresumed\n"
+    assert "is queued again" in result.stderr
+    assert len(ann.instances.list(include_released=True)) == 1

@@ -19,9 +19,9 @@ from gpulease.schemas.runs import RunPublic
 
 __all__ = ["MAX_RETRIES", "Attempt", "failure_under", "requeued_run", "with_retries"]
 
-# A stopped instance its owner still wants running is queued again at the server's next
-# scheduler pass: wait this long for that before the interrupted run counts as the end.
-REQUEUE_WAIT_S = 10.0
+# A stopping or stopped instance its owner still wants running is queued again once it has
+# stopped (a preemption's grace is 30 s by default): wait this long for that at most.
+REQUEUE_WAIT_S = 120.0
 POLL_S = 0.2
 
 
@@ -74,32 +74,26 @@ def requeued_run(
     client: GpuleaseClient,
     instance_id: int,
     run: RunPublic,
-    end: EndEvent,
     *,
     wait_s: float = REQUEUE_WAIT_S,
     sleep: Callable[[float], None] = time.sleep,
 ) -> RunPublic | None:
-    """The run the server queued again on the instance in place of `run`, which ended
-    without an exit code (interrupted), or None when there is none: the run ended on its
-    own, or the instance is not coming back (stopped or released by its owner, failed)."""
-    if end.exit_code is not None or end.status == "succeeded":
-        return None
+    """The run the server queued again on the instance in place of `run`, which has ended,
+    or None when there is none: the task is over (its instance is being released, or was
+    stopped or released by its owner, or failed). While the instance is stopping or stopped
+    and its owner still wants it running (a preemption's grace, a node that left), the
+    requeue is coming: wait for it, up to wait_s."""
     for _ in range(max(1, int(wait_s / POLL_S))):
         try:
             instance = client.instances.get(instance_id)
             runs = client.runs.list(instance_id=instance_id)
         except ClientError:
             return None
-        again = [
-            r
-            for r in runs
-            if r.id > run.id and r.command == run.command and r.status in ("pending", "running")
-        ]
+        # it may have run already (its stream replays it): any later run of the same command
+        again = [r for r in runs if r.id > run.id and r.command == run.command]
         if again:
             return min(again, key=lambda r: r.id)
-        if instance.desired_state != "running" or instance.status in ("failed", "released"):
+        if instance.desired_state != "running" or instance.status not in ("stopping", "stopped"):
             return None
-        if instance.status != "stopped":
-            return None  # live, and nothing queued in place of the run
-        sleep(POLL_S)  # stopped while wanted running: the scheduler queues it again
+        sleep(POLL_S)
     return None

@@ -404,7 +404,7 @@ def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | 
             task = f"task {spec.name!r}: " if spec.name else ""
             note(f"instance {instance.name} is running; run {run.id}, {task}{first_line(spec.run)}")
         end = stream_run(client, run.id)
-        while (again := requeued_run(client, instance.id, run, end)) is not None:
+        while (again := requeued_run(client, instance.id, run)) is not None:
             note(f"run {run.id} was interrupted; instance {instance.name} is queued again")
             run = again
             wait_until_started(client, instance.id)
