@@ -14,6 +14,8 @@ the same tree of generated files of about 10 KB (the page cache is warm for all 
   empty node cache: manifest, chunk packs, decrypting and checking every chunk, writing the
   tree read-only; beside `tar xf` of a tar of the same tree into an empty directory. The
   runner talks to an in-process server (the app on its ASGI transport), not over loopback.
+- re-push scan: what an unchanged re-push does per file (scan, stat digest; nothing is
+  read) at 100,000 files (--scan-files), beside `find` printing every file's stat.
 - read: a job reading every file of the materialised version through a read-only bind
   mount, as the sandbox mounts it at /data/NAME (here bubblewrap binds it at
   /mnt/data/NAME: the host has no /data to mount on), beside the same job reading the
@@ -47,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from processes import ADMIN_PASSWORD, Platform, free_port  # noqa: E402
 
 FILES_PER_DIR = 1000
+Row = tuple[str, float, str, float, str]  # what, seconds, note, baseline seconds, baseline
 READER = """
 import os, sys, time
 started = time.perf_counter()
@@ -97,9 +100,7 @@ def push(platform: Platform, tree: Path, name: str) -> tuple[float, float, dict[
     return float(report["seconds"]), wall, report
 
 
-def bench_push(
-    root: Path, args: argparse.Namespace, console: Console
-) -> tuple[list[tuple[str, float, str, float, str]], Path]:
+def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[list[Row], Path]:
     platform = Platform(
         home=root / "home",
         database_url=f"sqlite:///{root / 'home' / 'gpulease.db'}",
@@ -161,9 +162,7 @@ def bench_push(
     return rows, tree
 
 
-def bench_node(
-    root: Path, tree: Path, args: argparse.Namespace, console: Console
-) -> list[tuple[str, float, str, float, str]]:
+def bench_node(root: Path, tree: Path, args: argparse.Namespace, console: Console) -> list[Row]:
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
@@ -233,6 +232,39 @@ def bench_node(
     ]
 
 
+def bench_scan(root: Path, args: argparse.Namespace, console: Console) -> list[Row]:
+    """The unchanged re-push's only per-file work at --scan-files files: the scan (one
+    lstat a file) and its digest, beside `find` printing every file's stat. The rest of
+    that push is one request, whatever the size."""
+    from gpulease.client.datasets import scan_directory
+    from gpulease.client.push_index import scan_digest
+
+    tree = root / "scan-tree"
+    with console.status(f"writing {args.scan_files:,} small files"):
+        for i in range(args.scan_files):
+            directory = tree / f"class_{i // FILES_PER_DIR:03d}"
+            if i % FILES_PER_DIR == 0:
+                directory.mkdir(parents=True)
+            (directory / f"img_{i:06d}.jpg").write_bytes(b"x")
+    scans, finds = [], []
+    find = f"find {tree} -type f -printf '%s %T@ %C@ %i %D\\n' > /dev/null"
+    with console.status("scans"):
+        for _ in range(max(args.runs, 5)):
+            started = time.perf_counter()
+            scan_digest((f.path, f.stat) for f in scan_directory(tree) if f.stat is not None)
+            scans.append(time.perf_counter() - started)
+            finds.append(timed(find, shell=True))
+    return [
+        (
+            f"re-push scan, {args.scan_files:,} files",
+            statistics.median(scans),
+            "scan + digest, no file read",
+            statistics.median(finds),
+            "find -printf each stat",
+        )
+    ]
+
+
 def read_rate(source: Path, inside: str) -> float:
     """Files per second of the reader job on source, seen by the job at `inside`."""
     argv = [sys.executable, "-c", READER, inside]
@@ -252,18 +284,20 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=20_000, help="files (default 20,000)")
     parser.add_argument("--size", type=int, default=10_240, help="bytes per file (about)")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument(
+        "--scan-files", type=int, default=100_000, help="files of the re-push scan figure"
+    )
     args = parser.parse_args()
     console = Console()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         rows, tree = bench_push(root, args, console)
         rows += bench_node(root, tree, args, console)
+        rows += bench_scan(root, args, console)
         report(rows, args, console)  # before the tree is removed: that takes a while
 
 
-def report(
-    rows: list[tuple[str, float, str, float, str]], args: argparse.Namespace, console: Console
-) -> None:
+def report(rows: list[Row], args: argparse.Namespace, console: Console) -> None:
     table = Table(
         title=f"datasets: {args.n:,} files of about {args.size:,} bytes, medians of "
         f"{args.runs}+ runs, this host"
