@@ -3,34 +3,48 @@ again on a new instance; one that ends on its own, with any exit code, does not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
 from wired_cli import Cli
 
 from gpulease.server.db import transaction, utcnow
-from gpulease.server.orm import Run
+from gpulease.server.orm import Instance, Run
 from gpulease.server.services import preemption
 from gpulease.server.services.instances.states import FAILED, STOPPED, switch_status
 
 REASON = "node gpu-a left the cluster"
 
 
-def fail_first_instance(cli: Cli) -> Any:
-    """A job script: the first run's instance fails under it (as when its node dies, which
-    ends its runs without an exit code); later runs print and succeed."""
+Job = Callable[[dict[str, Any]], tuple[list[tuple[str, str]], int]]
+
+
+def first_run_meets(
+    cli: Cli, happen: Callable[[Session, Instance], object], first: list[str], later: str
+) -> Job:
+    """A job script: during the first run, happen(session, its instance) on the server,
+    then it prints `first` and exits 0; every later run prints `later` and succeeds."""
 
     def job(run: dict[str, Any]) -> tuple[list[tuple[str, str]], int]:
         if len(cli.server.cluster.runs) > 1:
-            return [("stdout", "done\n")], 0
+            return [("stdout", later)], 0
         with transaction(cli.server.rt.sessions) as session:
             row = session.get(Run, run["id"])
             assert row is not None
-            instance = row.instance
-            switch_status(session, instance, FAILED, REASON)
-        return [], 0  # its runner is gone: the exit it would send is refused
+            happen(session, row.instance)
+        return [("stdout", line) for line in first], 0
 
     return job
+
+
+def fail_first_instance(cli: Cli) -> Job:
+    """The first run's instance fails under it (as when its node dies, which ends its runs
+    without an exit code: the exit its gone runner would send is refused)."""
+    return first_run_meets(
+        cli, lambda session, i: switch_status(session, i, FAILED, REASON), [], "done\n"
+    )
 
 
 def task_file(tmp_path: Path, retry: int) -> Path:
@@ -112,17 +126,11 @@ def test_retry_refusals(cli: Cli, tmp_path: Path) -> None:
 def test_run_follows_its_task_when_the_server_queues_the_instance_again(cli: Cli) -> None:
     ann = cli.login_as("ann")
 
-    def job(run: dict[str, Any]) -> tuple[list[tuple[str, str]], int]:
-        if len(cli.server.cluster.runs) > 1:
-            return [("stdout", "resumed\n")], 0
-        with transaction(cli.server.rt.sessions) as session:  # as a spot instance's node dies
-            row = session.get(Run, run["id"])
-            assert row is not None
-            row.instance.preempted_at = utcnow()
-            switch_status(session, row.instance, STOPPED, REASON)
-        return [], 0
+    def node_leaves(session: Session, instance: Instance) -> None:  # as for a spot instance
+        instance.preempted_at = utcnow()
+        switch_status(session, instance, STOPPED, REASON)
 
-    cli.server.cluster.job = job
+    cli.server.cluster.job = first_run_meets(cli, node_leaves, [], "resumed\n")
     cli.server.cluster.start()
     result = cli("run", "--gpu", "T4:1", "--spot", "--", "python train.py")
     assert result.exit_code == 0, result.output
@@ -137,16 +145,11 @@ def test_run_follows_its_task_when_the_server_queues_the_instance_again(cli: Cli
 def test_run_follows_its_task_through_a_preemption(cli: Cli) -> None:
     ann = cli.login_as("ann")
 
-    def job(run: dict[str, Any]) -> tuple[list[tuple[str, str]], int]:
-        if len(cli.server.cluster.runs) > 1:
-            return [("stdout", "resumed\n")], 0
-        with transaction(cli.server.rt.sessions) as session:
-            row = session.get(Run, run["id"])
-            assert row is not None
-            assert preemption.preempt(session, row.instance, utcnow(), grace_s=30)
-        return [("stdout", "checkpointed\n")], 0  # it exits in the grace, with a code
+    def preempted(session: Session, instance: Instance) -> None:
+        assert preemption.preempt(session, instance, utcnow(), grace_s=30)
 
-    cli.server.cluster.job = job
+    # it checkpoints and exits in the grace, with a code
+    cli.server.cluster.job = first_run_meets(cli, preempted, ["checkpointed\n"], "resumed\n")
     cli.server.cluster.start()
     result = cli("run", "--gpu", "T4:1", "--spot", "--", "python train.py")
     assert result.exit_code == 0, result.output
