@@ -10,7 +10,7 @@ from gpulease.server.orm import Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import ledger, metering, notifications
 from gpulease.server.services.instances.lifecycle import stop_instance
-from gpulease.server.services.instances.states import QUEUED, RUNNING, STARTING
+from gpulease.server.services.instances.states import ACTIVE
 
 
 def tick(rt: Runtime) -> None:
@@ -24,7 +24,7 @@ def tick(rt: Runtime) -> None:
             live = session.scalars(
                 select(Instance).where(
                     Instance.owner_id == owner_id,
-                    Instance.status.in_((QUEUED, STARTING, RUNNING)),
+                    Instance.status.in_(ACTIVE),
                 )
             ).all()
             if not live:

@@ -13,7 +13,7 @@ from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, LogChunk, Run, User
 from gpulease.server.runner_doorbell import ring_after_commit
 from gpulease.server.services import notifications
-from gpulease.server.services.instances.states import QUEUED, RUNNING, STARTING
+from gpulease.server.services.instances.states import ACTIVE
 
 MAX_COMMAND = 100_000
 MAX_ENV = 200
@@ -33,7 +33,7 @@ def create_run(
         raise InvalidInput(f"the command is longer than {MAX_COMMAND} characters; use a script")
     if len(env) > MAX_ENV:
         raise InvalidInput(f"at most {MAX_ENV} environment variables per run")
-    if instance.status not in (QUEUED, STARTING, RUNNING) or instance.desired_state != "running":
+    if instance.status not in ACTIVE or instance.desired_state != "running":
         raise Conflict(
             f"instance {instance.name} is {instance.status}; start it first with "
             f"`gpulease instance start {instance.name}`"
