@@ -229,7 +229,13 @@ def charge_open_segments(
     wallets = ledger.wallet_accounts(session, {(b[4], b[5]) for b in bills})
     rows = json.dumps([[*b[:4], wallets[(b[4], b[5])]] for b in bills], separators=(",", ":"))
     params = {"bills": rows, "now": now, "revenue": ledger.account_id(session, ledger.REVENUE)}
-    source = _BILLS_PG if session.get_bind().dialect.name == "postgresql" else _BILLS_SQLITE
+    if session.get_bind().dialect.name == "postgresql":
+        source = _BILLS_PG
+    else:  # parsed once into a table of this connection, not once per statement
+        session.execute(text(_SQLITE_BILLS_TABLE))
+        session.execute(text("DELETE FROM temp.tick_bills"))
+        session.execute(text(f"INSERT INTO temp.tick_bills SELECT * FROM {_BILLS_SQLITE}"), params)
+        source = "temp.tick_bills"
     for template in _TICK_STATEMENTS:
         statement = template.format(bills=source)
         sql = text(statement)
@@ -257,6 +263,10 @@ _BILLS_SQLITE = "(SELECT {} FROM json_each(:bills))".format(
 )
 _BILLS_PG = "(SELECT {} FROM jsonb_array_elements(CAST(:bills AS jsonb)) AS e)".format(
     ", ".join(f"CAST(e->>{i} AS bigint) AS {name}" for i, name in enumerate(_BILL_COLUMNS))
+)
+_SQLITE_BILLS_TABLE = (
+    "CREATE TEMP TABLE IF NOT EXISTS tick_bills (id INTEGER PRIMARY KEY, seconds INTEGER, "
+    "due INTEGER, amount INTEGER, wallet INTEGER)"
 )
 _KEY = "'usage:' || b.id || ':' || b.seconds"  # as charge_segment names it
 _TICK_STATEMENTS = (
