@@ -1,15 +1,14 @@
 """Runner overhead on training: a small CNN on scikit-learn's digits (1,797 8×8 images)
 trained through `gpulease run` (the `pytorch` template, the bubblewrap sandbox, the runner's
 metrics capture of `track.log` and of key=value lines) beside the same script run bare with
-the same interpreter and torch, at the same time (the bare script starts when the run
-prints its first epoch), so that both meet the same load from the rest of the host.
-Figure: median images/s over the epochs after the first, through gpulease ÷ bare (target
->= 0.98).
+the same interpreter and torch, in turns (run, bare, run, bare, ...: load that drifts on
+the host falls on both). Figure: median images/s over every epoch after each run's first,
+through gpulease ÷ bare (target >= 0.98).
 
 Both sides train on one thread (torch.set_num_threads(1)), so that the ratio measures the
 runner and the sandbox, not how many of the host's cores an instance's CPU share allows.
 
-    .venv/bin/python benchmarks/runner_overhead.py [--epochs 12]
+    .venv/bin/python benchmarks/runner_overhead.py [--epochs 8] [--pairs 3]
 """
 
 from __future__ import annotations
@@ -84,7 +83,8 @@ def template_python() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--pairs", type=int, default=3, help="gpulease run, then bare, N times")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -102,24 +102,20 @@ def main() -> None:
                 "register", "--server", platform.url, "--name", "bench",
                 "--password", "password-123",
             )  # fmt: skip
-            run = platform.popen_cli("run", str(task / "task.yaml"), stderr_path=root / "err")
-            assert run.stdout is not None
-            lines: list[str] = []
-            bare_side = None
-            for line in run.stdout:  # the bare script starts with the run's first epoch
-                lines.append(line)
-                if bare_side is None and line.startswith("epoch="):
-                    python = template_python()
-                    bare_side = subprocess.Popen(
-                        [python, "train.py", str(args.epochs)],
-                        cwd=task,
-                        stdout=subprocess.PIPE,
-                        text=True,
-                    )
-            assert run.wait() == 0 and bare_side is not None, "".join(lines)
-            through = "".join(lines)
-            bare = bare_side.communicate()[0]
-    ran, alone = rates(through), rates(bare)
+            ran: list[float] = []
+            alone: list[float] = []
+            for _ in range(args.pairs):  # in turns, so that drifting load falls on both
+                through = platform.cli("run", str(task / "task.yaml"), timeout=1800).stdout
+                python = template_python()
+                bare = subprocess.run(
+                    [python, "train.py", str(args.epochs)],
+                    cwd=task,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                ran += rates(through)
+                alone += rates(bare)
     assert len(ran) >= 5 and len(alone) >= 5, (through, bare)
     ratio = statistics.median(ran) / statistics.median(alone)
     print(f"bare ({python}): median {statistics.median(alone):,.0f} images/s of {alone}")
