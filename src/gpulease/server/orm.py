@@ -214,6 +214,11 @@ class Instance(Base):
     stop_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # When the scheduler preempted it (spot): it stops after a grace and is queued again.
     preempted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A member of a multi-node run (services/instances/gangs.py): its gang (rank 0's id),
+    # its rank in it and the gang's size. None: a one-node instance.
+    gang_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    gang_rank: Mapped[int | None] = mapped_column(Integer)
+    gang_size: Mapped[int | None] = mapped_column(Integer)
     queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
