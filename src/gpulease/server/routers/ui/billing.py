@@ -15,15 +15,14 @@ from gpulease.core.catalog import Catalog
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_cap, format_credits, ncu
 from gpulease.core.pricing import WEEKDAYS, format_discount
-from gpulease.schemas.ledger import LedgerLine
 from gpulease.schemas.statements import RevenueDay, RevenuePublic, StatementPublic
 from gpulease.server.db import utcnow
-from gpulease.server.routers.api.presenters import ledger_line
 from gpulease.server.routers.deps import credits
 from gpulease.server.routers.ui.forms import FormBody
 from gpulease.server.routers.ui.guards import ConsolePage, FormViewer, PageViewer, console_router
 from gpulease.server.services import ledger, statements
 from gpulease.server.services.billing import limits, offpeak, plans
+from gpulease.server.services.statements import bill_lines
 
 router = console_router()
 
@@ -106,10 +105,10 @@ def revenue_chart(days: list[RevenueDay], symbol: str) -> Chart:
 
 @dataclass(frozen=True)
 class LedgerPage:
-    """One page of the wallet's entries, newest first; links keep the chosen period."""
+    """One page of the period's bill lines, newest first; links keep the chosen period."""
 
     number: int
-    lines: list[LedgerLine]
+    lines: list[bill_lines.BillLine]
     newer_url: str | None
     older_url: str | None
 
@@ -237,18 +236,24 @@ def caps_view(
 
 
 def ledger_page(
-    session: Session, user_id: int, number: int, catalog: Catalog, query: dict[str, str]
+    session: Session,
+    user_id: int,
+    number: int,
+    catalog: Catalog,
+    period: statements.Period,
+    query: dict[str, str],
 ) -> LedgerPage:
-    found = ledger.wallet_entries(
-        session, user_id, limit=LEDGER_PAGE + 1, offset=(number - 1) * LEDGER_PAGE
-    )
+    """One page of the period's bill: the wallet's movements, charges grouped by session
+    and day."""
+    lines = bill_lines.user_bill(session, user_id, period, catalog.currency_symbol)
+    found = lines[(number - 1) * LEDGER_PAGE : number * LEDGER_PAGE + 1]
 
     def url(n: int) -> str:
         return "/billing?" + urlencode({**query, "page": n}) + "#ledger"
 
     return LedgerPage(
         number=number,
-        lines=[ledger_line(txn, amount, catalog) for txn, amount in found[:LEDGER_PAGE]],
+        lines=found[:LEDGER_PAGE],
         newer_url=url(number - 1) if number > 1 else None,
         older_url=url(number + 1) if len(found) > LEDGER_PAGE else None,
     )
@@ -312,7 +317,7 @@ def _billing_page(
         chart=revenue_chart(revenue.by_day, symbol) if revenue else None,
         csv_url=f"/api/v1/statement.csv?{query}",
         revenue_csv_url=f"/api/v1/admin/revenue.csv?{query}",
-        ledger=ledger_page(session, user.id, page, catalog, period_query),
+        ledger=ledger_page(session, user.id, page, catalog, period, period_query),
         caps=caps_view(session, user.id, symbol, typed_caps),
         plans=list(PLAN_TEXTS),
         windows=windows_view(session),
