@@ -13,6 +13,7 @@ from gpulease.server.reconcilers import (
     health,
     idle,
     launcher,
+    local_node,
     meter,
     notify,
     scheduler,
@@ -37,6 +38,7 @@ def steps(rt: Runtime) -> list[tuple[Step, float]]:
         (scheduler.tick, 0),
         (launcher.tick, 0),
         (fleet.tick, 0),  # a fleet backend's nodes; before health, which it explains
+        (local_node.tick, 5),  # the local node's last-seen time
         (health.tick, 0),
         (idle.tick, 5),  # idle stop and maximum runtime; every 5 s is soon enough
         (meter.tick, 0),

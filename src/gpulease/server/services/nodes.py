@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import CPU_MODEL, Catalog
@@ -70,6 +71,25 @@ def _memory_mb() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
     except (ValueError, OSError):
         return 0
+
+
+# A node's last-seen time is rewritten at most this often: often enough to read as real,
+# seldom enough that a busy loop does not rewrite the row every tick.
+SEEN_REFRESH = timedelta(seconds=30)
+
+
+def mark_seen(
+    session: Session, name: str, now: datetime, refresh: timedelta = SEEN_REFRESH
+) -> bool:
+    """Stamp a ready node as seen at `now` unless it was stamped within `refresh` (one
+    guarded UPDATE, so replicas and ticks do not fight over the row). True when stamped."""
+    result = session.execute(
+        update(Node)
+        .where(Node.name == name, Node.status == "ready", Node.last_seen_at < now - refresh)
+        .values(last_seen_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def list_nodes(session: Session) -> list[Node]:
