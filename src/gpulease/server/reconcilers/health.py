@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
@@ -16,11 +16,12 @@ from gpulease.server.services.instances.states import FAILED, RUNNING, STARTING,
 STARTING_SILENCE = timedelta(minutes=30)
 
 
-def tick(rt: Runtime, *, check_all: bool = False) -> list[int]:
+def tick(rt: Runtime, *, check_all: bool = False, now: datetime | None = None) -> list[int]:
     """Check live instances' runners. check_all (used at server start) checks every runner's
-    process now instead of waiting for its heartbeat to go stale. Returns failed ids."""
+    process now instead of waiting for its heartbeat to go stale; `now` (default: the real
+    time) is when silence is measured to. Returns failed ids."""
     timeout = timedelta(seconds=rt.settings.heartbeat_timeout_s)
-    now = utcnow()
+    now = now or utcnow()
     with transaction(rt.sessions) as session:
         rows = [
             (i.id, i.status, i.runner_handle, i.last_heartbeat_at or i.runner_launched_at)

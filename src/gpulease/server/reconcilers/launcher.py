@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from gpulease.server.orm import Gpu, Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.security import RUNNER_TOKEN_PREFIX, hash_token, new_token
 from gpulease.server.services import notifications, templates
+from gpulease.server.services.instances import gangs
 from gpulease.server.services.instances.lifecycle import finish_release
 from gpulease.server.services.instances.states import (
     FAILED,
@@ -96,6 +97,7 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             dataset_cache=rt.settings.dataset_cache_path,
             server_socket=server_socket,
             node=instance.node.name if instance.node is not None else None,
+            extra_env=gangs.rank_env(session, instance),
             **_share(session, rt, instance),
         )
     try:
@@ -156,10 +158,11 @@ def _runner_socket(rt: Runtime) -> Path | None:
     return path if runner_socket.listening(path) else None
 
 
-def finish_stops(rt: Runtime) -> None:
-    """Stopping instances whose runner is gone, never started, or overran its grace."""
+def finish_stops(rt: Runtime, now: datetime | None = None) -> None:
+    """Stopping instances whose runner is gone, never started, or overran its grace (as of
+    now, by default the real time)."""
     grace = timedelta(seconds=rt.settings.stop_grace_s)
-    now = utcnow()
+    now = now or utcnow()
     with transaction(rt.sessions) as session:
         rows = [
             (i.id, i.runner_handle, i.runner_launched_at, i.stop_requested_at, i.preempted_at)
