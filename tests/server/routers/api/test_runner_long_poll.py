@@ -35,7 +35,13 @@ def test_with_nothing_to_do_the_long_poll_answers_empty_after_its_wait(
     _, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
     took, response = _poll(runner, 0.3)
     assert response.status_code == 200, response.text
-    assert response.json() == {"runs": [], "streams": [], "tasks": [], "stop": False}
+    assert response.json() == {
+        "runs": [],
+        "streams": [],
+        "tasks": [],
+        "stop": False,
+        "preempt_grace_s": None,
+    }
     assert took >= 0.3
 
 
