@@ -46,6 +46,7 @@ from gpulease.client import (
 )
 from gpulease.core.durations import span
 from gpulease.core.money import format_credits
+from gpulease.core.run_commands import first_line, own_command
 from gpulease.core.taskspec import (
     AcceleratorChoice,
     Amount,
@@ -535,32 +536,3 @@ def _run_status(run: RunPublic, instance: InstancePublic | None) -> str:
     if run.status == "pending" and instance is not None and instance.status in WAITING:
         return f"pending: instance {status_text(instance)}"
     return run.status
-
-
-def first_line(command: str | None, width: int = 60) -> str:
-    """A command for one line of a table or a note: its first line, cut at `width`, with
-    '…' where something was left out."""
-    lines = (command or "").strip().splitlines() or [""]
-    return lines[0][:width] + ("…" if len(lines) > 1 or len(lines[0]) > width else "")
-
-
-_EXEC_RUN = "exec bash -c "
-
-
-def own_command(script: str) -> str:
-    """The task's own `run` command in a script TaskSpec.script() wrapped it in (SkyPilot's
-    setup-then-run wrapper, or `set -e` setup before the run); any other script as is."""
-    if script.endswith(" run"):
-        start = script.find(_EXEC_RUN)
-        while start != -1:
-            quoted = script[start + len(_EXEC_RUN) : -len(" run")]
-            try:
-                (command,) = shlex.split(quoted)
-            except ValueError:
-                command = None
-            if command is not None and shlex.quote(command) == quoted:
-                return command
-            start = script.find(_EXEC_RUN, start + 1)
-    if script.startswith("set -e\n") and "\nset +e\n" in script:
-        return script.split("\nset +e\n", 1)[1]
-    return script

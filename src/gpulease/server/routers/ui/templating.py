@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from gpulease.core.durations import span as span  # the console filter and dashboard use it
+from gpulease.core.run_commands import own_command
 from gpulease.schemas.accounts import UserPublic
 from gpulease.server.db import utcnow
 
@@ -115,7 +116,9 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(ago=ago, duration=duration, utc=utc, iso=iso, span=span)
+    env.filters.update(
+        ago=ago, duration=duration, utc=utc, iso=iso, span=span, own_command=own_command
+    )
     env.globals.update(asset=asset)
     return env
 

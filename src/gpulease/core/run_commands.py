@@ -1,0 +1,38 @@
+"""A run's own command as people read it: the task's `run`, not the script that wraps it.
+
+TaskSpec.script() wraps a task file's setup and run (SkyPilot's setup-then-run wrapper, or
+`set -e` setup before the run); the server stores that script as the run's command. The CLI,
+the console and notifications show what the task itself says to run.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+_EXEC_RUN = "exec bash -c "
+
+
+def own_command(script: str) -> str:
+    """The task's own `run` command in a script TaskSpec.script() wrapped it in (SkyPilot's
+    setup-then-run wrapper, or `set -e` setup before the run); any other script as is."""
+    if script.endswith(" run"):
+        start = script.find(_EXEC_RUN)
+        while start != -1:
+            quoted = script[start + len(_EXEC_RUN) : -len(" run")]
+            try:
+                (command,) = shlex.split(quoted)
+            except ValueError:
+                command = None
+            if command is not None and shlex.quote(command) == quoted:
+                return command
+            start = script.find(_EXEC_RUN, start + 1)
+    if script.startswith("set -e\n") and "\nset +e\n" in script:
+        return script.split("\nset +e\n", 1)[1]
+    return script
+
+
+def first_line(command: str | None, width: int = 60) -> str:
+    """A command for one line of a table or a note: its first line, cut at `width`, with
+    '…' where something was left out."""
+    lines = (command or "").strip().splitlines() or [""]
+    return lines[0][:width] + ("…" if len(lines) > 1 or len(lines[0]) > width else "")
