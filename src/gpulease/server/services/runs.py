@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.errors import Conflict, InvalidInput, NotFound
 from gpulease.core.ids import MAX_ID
+from gpulease.core.run_commands import own_command
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, LogChunk, Run, User
 from gpulease.server.runner_doorbell import ring_after_commit
@@ -115,8 +116,9 @@ def is_finished(run: Run) -> bool:
 
 
 def notify_run_ended(session: Session, run: Run, instance: Instance) -> None:
-    """run_finished / run_failed for the owner: the run, its command and its exit code."""
-    command = " ".join(run.command.split())
+    """run_finished / run_failed for the owner: the run, its own command (not a task file's
+    setup wrapper) and its exit code."""
+    command = " ".join(own_command(run.command).split())
     if len(command) > 120:
         command = command[:117] + "..."
     notifications.notify(

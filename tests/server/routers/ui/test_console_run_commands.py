@@ -33,3 +33,19 @@ def test_run_page_and_dashboard_show_the_tasks_own_command(
         assert "python train.py --epochs 3" in page.text, url
         assert "set -e" not in page.text and "exec bash -c" not in page.text, url
         assert "pip list" not in page.text, url
+
+
+def test_the_run_ended_notification_names_the_tasks_own_command(
+    ann: Caller,
+    tick: Callable[[], None],
+    runner_for: Callable[[int], RunnerDouble],
+) -> None:
+    _, runner = make_running_instance(ann, tick, runner_for, "dogs")
+    spec = TaskSpec(run="python train.py --epochs 3", setup="pip list", skypilot=True)
+    run_id = ann.post("/api/v1/instances/dogs/runs", json={"command": spec.script()}).json()["id"]
+    assert runner.call("POST", f"/runs/{run_id}/started", json={"pid": 3}).status_code == 204
+    assert runner.call("POST", f"/runs/{run_id}/exit", json={"exit_code": 2}).status_code == 204
+    (note,) = [n for n in ann.get("/api/v1/notifications").json() if n["kind"] == "run_failed"]
+    assert (
+        note["message"] == f"run {run_id} on dogs failed (exit code 2): python train.py --epochs 3"
+    )
