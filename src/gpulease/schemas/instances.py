@@ -24,6 +24,8 @@ class InstanceCreate(BaseModel):
     idle_util_pct: float | None = None
     idle_minutes: int | None = None
     max_runtime_minutes: int | None = None
+    # A multi-node run: this many instances, one per node, started all together (a gang).
+    num_nodes: int = Field(default=1, ge=1, le=64)
 
 
 class InstancePublic(BaseModel):
@@ -51,6 +53,10 @@ class InstancePublic(BaseModel):
     reserved_until: datetime | None = None
     datasets: dict[str, int] = Field(default_factory=dict)
     """Mounted datasets: name -> version."""
+    # A member of a multi-node run: its gang (rank 0's id), its rank, the gang's size.
+    gang_id: int | None = None
+    gang_rank: int | None = None
+    gang_size: int | None = None
 
 
 class ResizeRequest(BaseModel):
