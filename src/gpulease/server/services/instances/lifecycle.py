@@ -179,6 +179,8 @@ def current_queue(session: Session) -> list[Request]:
             Instance.awaiting_workdir.is_(False),
             # a daily instance with a live reservation starts on its own GPUs, outside the queue
             or_(Instance.reserved_until.is_(None), Instance.reserved_until <= utcnow()),
+            # a multi-node run queues as its rank 0 (services/instances/gangs.py)
+            or_(Instance.gang_rank.is_(None), Instance.gang_rank == 0),
         )
         .order_by(Instance.queued_at, Instance.id)
     )
