@@ -208,6 +208,7 @@ def _requests(
             str(row.owner_id),
             r.model,
             r.count,
+            nodes=row.gang_size or 1,
             arrival=(row.queued_at or row.created_at).timestamp(),
             plan=row.plan,
             team=None if row.team_id is None else str(row.team_id),
