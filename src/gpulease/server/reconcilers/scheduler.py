@@ -25,6 +25,7 @@ from gpulease.server.orm import Gpu, Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import ledger, notifications, preemption, templates
 from gpulease.server.services.billing import offpeak, plans
+from gpulease.server.services.instances import gangs
 from gpulease.server.services.instances.lifecycle import current_queue
 from gpulease.server.services.instances.queue import SERVER_POLICY, cluster_state, server_config
 from gpulease.server.services.instances.states import QUEUED, STARTING, STOPPED, switch_status
@@ -60,6 +61,9 @@ def tick(rt: Runtime) -> int:
         wanted = {r.instance_id: r for r in queue}
         for start in decisions.starts:
             req = wanted[start.request_id]
+            if len(start.node_ids) > 1 and start.request_id not in decisions.reclaiming:
+                placed += gangs.start_gang(session, req.instance_id, start.node_ids, free_ids)
+                continue
             ids = free_ids.get((start.node_ids[0], req.model), [])
             if start.request_id in decisions.reclaiming or len(ids) < req.count:
                 _await_reclaim(session, start.request_id, decisions.reclaiming, grace)
