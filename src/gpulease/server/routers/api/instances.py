@@ -15,7 +15,7 @@ from gpulease.server.routers.api import autostop as autostop_api
 from gpulease.server.routers.api.presenters import instance_public
 from gpulease.server.routers.deps import CurrentUser, DetachedUser, SessionDep, runtime
 from gpulease.server.services import runs
-from gpulease.server.services.instances import lifecycle, opening, workdir
+from gpulease.server.services.instances import gangs, lifecycle, opening, workdir
 
 router = APIRouter(tags=["instances"])
 
@@ -40,7 +40,12 @@ def create_instance(
     after: BackgroundTasks,
 ) -> InstancePublic:
     rt = runtime(request)
-    instance = opening.open_instance(session, user, body, catalog=rt.catalog, settings=rt.settings)
+    if body.num_nodes > 1:  # a gang: every member is created, rank 0 is returned
+        instance = gangs.open_gang(session, user, body, catalog=rt.catalog, settings=rt.settings)[0]
+    else:
+        instance = opening.open_instance(
+            session, user, body, catalog=rt.catalog, settings=rt.settings
+        )
     _wake_after_commit(request, after)
     return _public(request, session, instance)
 
