@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket
 
 from gpulease.core.errors import GpuleaseError, NotFound, Unauthorized
 from gpulease.server.db import utcnow
+from gpulease.server.orm import User
 from gpulease.server.services import tokens
 from gpulease.server.services.instances import activity, lifecycle
 
@@ -62,13 +63,19 @@ def console_target(session: Session, secret: str | None, ref: str) -> tuple[bool
         user = tokens.resolve_token(session, secret)
     except Unauthorized:
         return False, None
-    if not ref or len(ref) > MAX_REF:
-        return True, None
+    return True, target_of(session, user, ref)
+
+
+def target_of(session: Session, user: User, ref: str | int) -> Target | None:
+    """The instance `ref` (a name or an id) when it is `user`'s, else None: another user's
+    instance reads like one that does not exist."""
+    if isinstance(ref, str) and (not ref or len(ref) > MAX_REF):
+        return None
     try:
         instance = lifecycle.get_instance(session, user, ref)
     except NotFound:
-        return True, None
-    return True, Target(instance.id, instance.name, instance.status)
+        return None
+    return Target(instance.id, instance.name, instance.status)
 
 
 def record_activity(session: Session, instance_id: int) -> None:

@@ -37,7 +37,6 @@ from websockets.http11 import Response as WsResponse
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
-from gpulease.core.errors import NotFound
 from gpulease.server.db import transaction
 from gpulease.server.routers.api.runner_streams import close_quietly, refuse, until_first_ends
 from gpulease.server.routers.deps import SESSION_COOKIE, same_origin
@@ -45,8 +44,7 @@ from gpulease.server.routers.ui.guards import cross_site_refusal, login_url, vie
 from gpulease.server.routers.ui.templating import SECURITY_HEADERS, render
 from gpulease.server.routers.ui.terminal import Activity, lookup, note_activity
 from gpulease.server.runtime import Runtime
-from gpulease.server.services import jupyter_access
-from gpulease.server.services.instances import lifecycle
+from gpulease.server.services import jupyter_access, streams
 from gpulease.server.services.instances.states import RUNNING
 from gpulease.server.services.streams import StreamHub, StreamUnavailable, Target, hub_of
 
@@ -282,11 +280,7 @@ def _find_access(rt: Runtime, secret: str | None, instance_id: int) -> tuple[boo
         user = jupyter_access.resolve_access(session, secret, instance_id)
         if user is None:
             return False, None
-        try:
-            instance = lifecycle.get_instance(session, user, instance_id)
-        except NotFound:
-            return True, None
-        return True, Target(instance.id, instance.name, instance.status)
+        return True, streams.target_of(session, user, instance_id)
 
 
 OPEN_FROM_CONSOLE = "open JupyterLab from your instance's page in the console"
