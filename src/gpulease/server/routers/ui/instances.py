@@ -34,8 +34,6 @@ FormText = Annotated[str, Form()]
 INSTANCE_RUNS = 50
 REFRESH_MS = 2000
 MAX_REF = 64
-# An instance in these states can be stopped and takes runs.
-LIVE = (states.QUEUED, states.STARTING, states.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -106,10 +104,10 @@ def load_instance(
             GpuCard(g.index, g.uuid, g.model or g.nvml_name, g.memory_mb, g.simulated)
             for g in instance.gpus
         ],
-        can_stop=status in LIVE,
-        can_start=status in (states.STOPPED, states.FAILED),
+        can_stop=status in states.ACTIVE,
+        can_start=status in states.RESTARTABLE,
         can_release=status != states.RELEASED and instance.desired_state != "released",
-        can_run=status in LIVE and instance.desired_state == "running",
+        can_run=status in states.ACTIVE and instance.desired_state == "running",
     )
     return instance, view
 
