@@ -114,6 +114,14 @@ def test_the_billing_page_and_the_ledger_read_side_on_the_database(
     )
     assert lines[1].amount_micro == -cost_for_seconds(hourly, 4199)
 
+    got = ann.get("/api/v1/bill", params={"from": str(BEFORE), "to": str(AFTER)})
+    assert got.status_code == 200, got.text
+    assert [(x["day"], x["text"], x["amount_micro"]) for x in got.json()] == [
+        (str(line.day), line.text, line.amount_micro) for line in lines
+    ]
+    bad = ann.get("/api/v1/bill", params={"from": "31/12/2024"})
+    assert bad.status_code == 422 and "(YYYY-MM-DD)" in bad.json()["detail"]
+
     client = logged_in(browser, "ann")
     page = client.get("/billing", params={"from": str(BEFORE), "to": str(AFTER)})
     assert page.status_code == 200

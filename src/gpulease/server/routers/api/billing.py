@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from gpulease.schemas.bill import BillLinePublic
 from gpulease.schemas.ledger import Balance, Usage, UsageSegmentPublic
 from gpulease.schemas.notifications import NotificationPublic
 from gpulease.server.routers.api.presenters import balance_public, ledger_line
+from gpulease.server.routers.api.statements import PeriodQuery
 from gpulease.server.routers.deps import CurrentUser, SessionDep, runtime
 from gpulease.server.services import ledger, metering, notifications
 from gpulease.server.services.billing import teams
+from gpulease.server.services.statements import bill_lines
 
 router = APIRouter(tags=["billing"])
 
@@ -35,6 +38,17 @@ def usage(session: SessionDep, user: CurrentUser, request: Request) -> Usage:
             for txn, amount in ledger.wallet_entries(session, user.id)
         ],
     )
+
+
+@router.get("/bill")
+def bill(
+    session: SessionDep, user: CurrentUser, period: PeriodQuery, request: Request
+) -> list[BillLinePublic]:
+    """Your wallet in a period (?from=&to=&tz=, default this month) as a bill, newest first:
+    the meter's charges one line per instance session and day, no zero lines."""
+    symbol = runtime(request).catalog.currency_symbol
+    lines = bill_lines.user_bill(session, user.id, period, symbol)
+    return [BillLinePublic.model_validate(line) for line in lines]
 
 
 @router.get("/notifications")
