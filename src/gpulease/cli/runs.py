@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from gpulease.cli import gang_runs
 from gpulease.cli.autostop import RefArgument
 from gpulease.cli.catalog import share_text
 from gpulease.cli.connection import logged_in_client
@@ -384,8 +385,20 @@ def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | 
             plan="spot" if spec.use_spot else "on_demand",
             team=spec.team,
             start_when_cheap=spec.start_when_cheap,
+            num_nodes=spec.num_nodes,
         )
     )
+    if instance.gang_size:
+        return gang_runs.run_gang(
+            client,
+            spec,
+            instance,
+            archive,
+            lambda i, name: _release(client, i, name),
+            lambda run_id: stream_run(client, run_id),
+            lambda run_id, i: finish_line(client, run_id, i),
+            lambda run_id, end: exit_code_of(client, run_id, end),
+        )
     note(f"instance {instance.id} {instance.name}: {status_text(instance)}")
     try:
         try:
