@@ -45,7 +45,8 @@ def test_accelerators_as_mapping() -> None:
         ("name: x", "needs a 'run:'"),
         ("run: x\ncolour: blue", "unknown task field"),
         ("run: x\nsetpu: y", r"setpu \(did you mean setup\?\)"),
-        ("run: x\nnum_nodes: 2", "one node"),
+        ("run: x\nnum_nodes: 0", "num_nodes must be a whole number from 1"),
+        ("run: x\nnum_nodes: two", "num_nodes must be a whole number from 1"),
         ("run: x\nresources: {accelerators: [1, 2]}", "accelerators"),
         ("run: x\nresources: {accelerators: 'A100:0.5'}", "whole GPUs"),
         ("run: x\nresources: {accelerators: 'A100:0'}", "count must be 1"),
@@ -229,6 +230,23 @@ def test_setup_and_run_are_separate_scripts(tmp_path: Path) -> None:
         "task=gpulease-instance-0-run-7 ips=1",
         str(tmp_path),
     ]
+
+
+def test_a_multi_node_rank_keeps_the_variables_the_server_gave_it(tmp_path: Path) -> None:
+    spec = parse_task(
+        "num_nodes: 2\nresources: {accelerators: 'T4:1'}\n"
+        "run: |\n  echo $SKYPILOT_NODE_RANK/$SKYPILOT_NUM_NODES $SKYPILOT_TASK_ID\n"
+        '  echo "$SKYPILOT_NODE_IPS" | tail -n 1\n'
+    )
+    assert spec.num_nodes == 2
+    given = {
+        "SKYPILOT_NODE_RANK": "1",
+        "SKYPILOT_NUM_NODES": "2",
+        "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2",
+        "SKYPILOT_TASK_ID": "gpulease-gang-4",
+    }
+    result = run_script(spec, tmp_path, **given)
+    assert result.stdout.splitlines() == ["1/2 gpulease-gang-4", "10.0.0.2"], result.stderr
 
 
 def test_a_failing_setup_fails_the_task_and_says_so(tmp_path: Path) -> None:

@@ -117,6 +117,8 @@ class TaskSpec:
     accelerator_choices: tuple[AcceleratorChoice, ...] = ()
     cpus: Amount | None = None
     memory_gb: Amount | None = None
+    # Nodes that run the task together (a gang); each rank gets MASTER_ADDR, NODE_RANK, ...
+    num_nodes: int = 1
     # SkyPilot fields the file set that mean nothing here ("resources.region", ...).
     ignored: tuple[str, ...] = ()
     # Read from a task file: the run behaves as SkyPilot's (setup and run apart, SKYPILOT_*
@@ -151,12 +153,16 @@ class TaskSpec:
             [
                 # No GPU: no CUDA_VISIBLE_DEVICES at all, as on SkyPilot's CPU nodes.
                 '[ -n "${CUDA_VISIBLE_DEVICES:-}" ] || unset CUDA_VISIBLE_DEVICES',
-                "export SKYPILOT_NODE_RANK=0 SKYPILOT_NUM_NODES=1",
-                f"export SKYPILOT_NUM_GPUS_PER_NODE={gpus}",
-                'SKYPILOT_NODE_IPS="$(hostname -I 2>/dev/null | cut -d" " -f1)"',
+                # A multi-node run's ranks have them from the server; one node: these.
+                'export SKYPILOT_NODE_RANK="${SKYPILOT_NODE_RANK:-0}"',
+                'export SKYPILOT_NUM_NODES="${SKYPILOT_NUM_NODES:-1}"',
+                f'export SKYPILOT_NUM_GPUS_PER_NODE="${{SKYPILOT_NUM_GPUS_PER_NODE:-{gpus}}}"',
+                'if [ -z "${SKYPILOT_NODE_IPS:-}" ]; then',
+                '  SKYPILOT_NODE_IPS="$(hostname -I 2>/dev/null | cut -d" " -f1)"',
+                "fi",
                 'export SKYPILOT_NODE_IPS="${SKYPILOT_NODE_IPS:-127.0.0.1}"',
-                'export SKYPILOT_TASK_ID="gpulease-instance-${GPULEASE_INSTANCE_ID:-0}'
-                '-run-${GPULEASE_RUN_ID:-0}"',
+                'export SKYPILOT_TASK_ID="${SKYPILOT_TASK_ID:-gpulease-instance-'
+                '${GPULEASE_INSTANCE_ID:-0}-run-${GPULEASE_RUN_ID:-0}}"',
                 # SkyPilot puts the workdir at ~/sky_workdir; here it is the working directory.
                 'if [ ! -e "$HOME/sky_workdir" ] || [ -L "$HOME/sky_workdir" ]; then',
                 '  ln -sfn "$PWD" "$HOME/sky_workdir" 2>/dev/null || true',
@@ -345,8 +351,12 @@ def parse_task(text: str) -> TaskSpec:
     _refuse_unknown(
         set(data) - KNOWN_FIELDS - IGNORED_FIELDS, KNOWN_FIELDS | IGNORED_FIELDS, "task"
     )
-    if data.get("num_nodes", 1) != 1:
-        raise InvalidInput("num_nodes: gpulease runs a task on one node; set num_nodes: 1")
+    num_nodes = data.get("num_nodes", 1)
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or not 1 <= num_nodes <= 64:
+        raise InvalidInput(
+            "num_nodes must be a whole number from 1 to 64: how many nodes run the task "
+            "together (num_nodes: 2)"
+        )
     datasets = _dataset_mounts(data.get("file_mounts"))
     resources = _resources(data, ignored)
     choices = _alternatives(resources, ignored)
@@ -388,6 +398,7 @@ def parse_task(text: str) -> TaskSpec:
         start_when_cheap=bool(data.get("start_when_cheap", False)),
         team=data.get("team"),
         retries=retries,
+        num_nodes=num_nodes,
         ignored=tuple(ignored),
         skypilot=True,
     )
