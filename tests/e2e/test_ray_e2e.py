@@ -107,6 +107,40 @@ def test_a_run_on_a_ray_node_streams_its_log_back(
     assert wait_for(lambda: not actor_processes(), 20), actor_processes()
 
 
+def test_a_two_node_run_starts_one_rank_on_each_node_with_its_variables(
+    platform: Platform, tmp_path: Path
+) -> None:
+    platform.cli(
+        "register", "--server", platform.url, "--name", "dan", "--password", "password-123"
+    )
+    task = tmp_path / "task.yaml"
+    task.write_text(
+        "num_nodes: 2\nresources: {accelerators: 'A100-80GB:1'}\ntemplate: python\n"
+        "run: echo rank=$NODE_RANK size=$WORLD_SIZE master=$MASTER_ADDR"
+        ' node=$GPULEASE_NODE ips=$(echo "$SKYPILOT_NODE_IPS" | wc -l)\n'
+    )
+    result = platform.cli("run", str(task))
+    said = dict(
+        line.removeprefix("(rank 1) ").split(" ", 1)
+        for line in result.stdout.splitlines()
+        if line.startswith(("rank=", "(rank 1) rank="))
+    )
+    assert set(said) == {"rank=0", "rank=1"}, result.stdout
+    fields = {rank: dict(f.split("=", 1) for f in rest.split()) for rank, rest in said.items()}
+    assert {f["node"] for f in fields.values()} == {"gpu-a", "gpu-b"}
+    assert {f["size"] for f in fields.values()} == {"2"}
+    assert {f["ips"] for f in fields.values()} == {"2"}
+    masters = {f["master"] for f in fields.values()}
+    assert len(masters) == 1 and "" not in masters
+    assert "(rank 1) run" in result.stderr, result.stderr  # each rank's own end and cost
+    members = platform.cli_json("instance", "ls", "--all")
+    assert isinstance(members, list) and len(members) == 2
+    assert {m["gang_rank"] for m in members} == {0, 1}
+    assert all(m["started_at"] for m in members)  # both ran, each billed on its own
+    for member in members:
+        platform.wait_status(str(member["id"]), "released")
+
+
 def test_a_runner_actor_outlives_a_server_crash_and_stops_when_asked(
     platform: Platform, ray_cluster: RayCluster
 ) -> None:
