@@ -15,7 +15,7 @@ GPULEASE_TEST_PG reaches one):
   0.5 s, the POST, the stream) to an SSE client, on a `gpulease server` with a real runner
   (local backend, sandboxed), beside a round trip over a local TCP socket.
 
-    .venv/bin/python benchmarks/metrics_ingest.py [-n 30] [--batch 1000] [--json]
+    .venv/bin/python benchmarks/metrics_ingest.py [-n 30] [--batch 1000]
 """
 
 from __future__ import annotations
