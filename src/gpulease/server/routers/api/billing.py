@@ -46,9 +46,7 @@ def bill(
 ) -> list[BillLinePublic]:
     """Your wallet in a period (?from=&to=&tz=, default this month) as a bill, newest first:
     the meter's charges one line per instance session and day, no zero lines."""
-    symbol = runtime(request).catalog.currency_symbol
-    lines = bill_lines.user_bill(session, user.id, period, symbol)
-    return [BillLinePublic.model_validate(line) for line in lines]
+    return bill_lines.user_bill(session, user.id, period, runtime(request).catalog.currency_symbol)
 
 
 @router.get("/notifications")

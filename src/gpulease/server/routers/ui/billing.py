@@ -15,6 +15,7 @@ from gpulease.core.catalog import Catalog
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_cap, format_credits, ncu
 from gpulease.core.pricing import WEEKDAYS, format_discount
+from gpulease.schemas.bill import BillLinePublic
 from gpulease.schemas.statements import RevenueDay, RevenuePublic, StatementPublic
 from gpulease.server.db import utcnow
 from gpulease.server.routers.deps import credits
@@ -108,7 +109,7 @@ class LedgerPage:
     """One page of the period's bill lines, newest first; links keep the chosen period."""
 
     number: int
-    lines: list[bill_lines.BillLine]
+    lines: list[BillLinePublic]
     newer_url: str | None
     older_url: str | None
 

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from gpulease.core.durations import span
 from gpulease.core.money import format_credits
 from gpulease.core.periods import Period, split_by_day
+from gpulease.schemas.bill import BillLinePublic
 from gpulease.server.orm import (
     Instance,
     LedgerAccount,
@@ -61,19 +62,6 @@ class SessionInfo:
     billed_seconds: int
 
 
-@dataclass(frozen=True)
-class BillLine:
-    day: date
-    kind: str
-    text: str
-    amount_micro: int
-    amount: str
-    instance_id: int | None
-    entries: int
-    """How many ledger movements the line sums."""
-    last_at: datetime
-
-
 def _group(row: WalletRow) -> tuple[str, int] | None:
     """(kind of group, segment or meter id) of a grouped charge; None for a line of its own."""
     prefix, _, rest = row.key.partition(":")
@@ -94,7 +82,7 @@ def bill_lines(
     sessions: Mapping[int, SessionInfo],
     zone: ZoneInfo,
     symbol: str,
-) -> list[BillLine]:
+) -> list[BillLinePublic]:
     """The rows as bill lines, newest first; zero lines left out."""
     groups: dict[tuple[object, ...], list[WalletRow]] = {}
     for row in rows:
@@ -112,7 +100,7 @@ def bill_lines(
         day = members[0].created_at.astimezone(zone).date()
         newest = max(members, key=lambda r: (r.created_at, r.id))
         lines.append(
-            BillLine(
+            BillLinePublic(
                 day=day,
                 kind=newest.kind,
                 text=_words(key, members, newest, sessions, zone, amount),
@@ -197,7 +185,7 @@ def sessions_of(session: Session, rows: Iterable[WalletRow]) -> dict[int, Sessio
     }
 
 
-def user_bill(session: Session, user_id: int, period: Period, symbol: str) -> list[BillLine]:
+def user_bill(session: Session, user_id: int, period: Period, symbol: str) -> list[BillLinePublic]:
     """The user's own wallet in the period as bill lines, newest first."""
     rows = wallet_rows(session, user_id, period)
     return bill_lines(rows, sessions_of(session, rows), period.zone, symbol)
