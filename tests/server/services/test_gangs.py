@@ -112,6 +112,8 @@ def test_a_gang_larger_than_the_cluster_is_refused(ann: Caller, two_nodes: dict[
     r = ann.post("/api/v1/instances", json={"gpu": f"{MODEL}:1", "num_nodes": 3})
     assert r.status_code in (409, 503), r.text
     assert "3 nodes with A100-80GB × 1 each are needed and 2 have" in r.json()["detail"]
-    r = ann.post("/api/v1/instances", json={"gpu": f"{MODEL}:1", "num_nodes": 2, "plan": "daily"})
-    assert r.status_code == 422 and "not daily" in r.json()["detail"], r.text
+    for plan in ("daily", "spot"):
+        body = {"gpu": f"{MODEL}:1", "num_nodes": 2, "plan": plan}
+        r = ann.post("/api/v1/instances", json=body)
+        assert r.status_code == 422 and f"not {plan}" in r.json()["detail"], r.text
     assert ann.get("/api/v1/instances").json() == []

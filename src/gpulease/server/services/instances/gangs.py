@@ -36,8 +36,8 @@ def open_gang(
     size = spec.num_nodes
     if not 2 <= size <= MAX_NODES:
         raise InvalidInput(f"num_nodes must be from 1 to {MAX_NODES}")
-    if spec.plan == plans.DAILY:
-        raise InvalidInput("a multi-node run takes the on_demand or spot plan, not daily")
+    if spec.plan != plans.ON_DEMAND:  # a preempted or prepaid rank would leave its gang
+        raise InvalidInput(f"a multi-node run takes the on_demand plan, not {spec.plan}")
     model, count = parse_accelerators(spec.gpu)
     if count < 1:
         raise InvalidInput("a multi-node run needs GPUs on each node; set accelerators")
