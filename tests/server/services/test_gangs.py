@@ -11,8 +11,9 @@ from sqlalchemy import select
 from factories import Caller
 from gpulease.backends.fake import FakeBackend
 from gpulease.server.db import transaction, utcnow
-from gpulease.server.orm import Gpu, Instance, Node
+from gpulease.server.orm import Gpu, Instance, Node, Run
 from gpulease.server.runtime import Runtime
+from gpulease.server.services.instances.states import STOPPING, switch_status
 
 MODEL = "A100-80GB"
 SECOND_HOST = "10.0.0.2"
@@ -117,3 +118,37 @@ def test_a_gang_larger_than_the_cluster_is_refused(ann: Caller, two_nodes: dict[
         r = ann.post("/api/v1/instances", json=body)
         assert r.status_code == 422 and f"not {plan}" in r.json()["detail"], r.text
     assert ann.get("/api/v1/instances").json() == []
+
+
+@pytest.mark.parametrize("run_status", ["failed", "succeeded"])
+def test_a_rank_that_ends_without_success_stops_the_other_ranks(
+    ann: Caller,
+    rt: Runtime,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+    run_status: str,
+) -> None:
+    gang_id = int(str(gang(ann)["id"]))
+    tick()
+    assert [m[0] for m in members(rt, gang_id)] == ["starting", "starting"]
+    with transaction(rt.sessions) as session:
+        rank1 = session.scalars(
+            select(Instance).where(Instance.gang_id == gang_id, Instance.gang_rank == 1)
+        ).one()
+        session.add(
+            Run(
+                instance_id=rank1.id,
+                owner_id=rank1.owner_id,
+                command="python train.py",
+                status=run_status,
+                created_at=utcnow(),
+            )
+        )
+        switch_status(session, rank1, STOPPING, f"its run {run_status}")
+    tick()
+    leader = ann.get(f"/api/v1/instances/{gang_id}").json()
+    if run_status == "succeeded":  # rank 0 finishes its own work
+        assert leader["status"] == "starting", leader
+    else:
+        assert leader["status"] in ("stopping", "stopped"), leader
+        assert leader["status_reason"] == "rank 1 of its run ended: its run failed"

@@ -35,8 +35,15 @@ log = logging.getLogger("gpulease.launcher")
 
 def tick(rt: Runtime) -> None:
     launch_placed(rt)
+    stop_broken_gangs(rt)
     finish_stops(rt)
     finish_releases(rt)
+
+
+def stop_broken_gangs(rt: Runtime) -> None:
+    """The other ranks of a multi-node run one of whose ranks failed or was stopped."""
+    with transaction(rt.sessions) as session:
+        gangs.stop_broken(session)
 
 
 def launch_placed(rt: Runtime) -> None:

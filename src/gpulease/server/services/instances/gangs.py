@@ -15,11 +15,11 @@ from sqlalchemy.orm import Session
 from gpulease.core.catalog import Catalog, parse_accelerators
 from gpulease.core.errors import InvalidInput, Unavailable
 from gpulease.schemas.instances import InstanceCreate
-from gpulease.server.orm import Gpu, Instance, Node, User
+from gpulease.server.orm import Gpu, Instance, Node, Run, User
 from gpulease.server.services import ledger
 from gpulease.server.services.billing import plans
-from gpulease.server.services.instances import opening
-from gpulease.server.services.instances.states import QUEUED, STARTING, switch_status
+from gpulease.server.services.instances import lifecycle, opening
+from gpulease.server.services.instances.states import QUEUED, RUNNING, STARTING, switch_status
 from gpulease.server.settings import Settings
 
 MAX_NODES = 64
@@ -127,6 +127,41 @@ def start_gang(
         ids = free_ids[(node_id, member.gpu_model)]
         del ids[: len(gpu_ids)]
     return len(gang)
+
+
+def stop_broken(session: Session) -> int:
+    """A gang runs together or not at all: once a member has ended other than by its run
+    succeeding (its run failed, its runner or node died, it was stopped), the members still
+    queued, starting or running are stopped, with the reason. Returns how many."""
+    live = (QUEUED, STARTING, RUNNING)
+    stopped = 0
+    for gang_id in session.scalars(
+        select(Instance.gang_id)
+        .where(Instance.gang_id.is_not(None), Instance.status.in_(live))
+        .distinct()
+    ).all():
+        assert gang_id is not None
+        gang = members(session, gang_id)
+        broken = next(
+            (m for m in gang if m.status not in live and not _succeeded(session, m)), None
+        )
+        if broken is None:
+            continue
+        why = broken.status_reason or broken.status
+        for member in gang:
+            if member.status in live:
+                lifecycle.stop_instance(
+                    session, member, f"rank {broken.gang_rank} of its run ended: {why}"[:500]
+                )
+                stopped += 1
+    return stopped
+
+
+def _succeeded(session: Session, instance: Instance) -> bool:
+    last = session.scalar(
+        select(Run.status).where(Run.instance_id == instance.id).order_by(Run.id.desc()).limit(1)
+    )
+    return last == "succeeded"
 
 
 def rank_env(session: Session, instance: Instance) -> dict[str, str]:
