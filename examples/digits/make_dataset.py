@@ -6,9 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-from PIL import Image
-from sklearn.datasets import load_digits
+try:
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+except ImportError as missing:
+    raise SystemExit(
+        f"{missing.name} is missing: install the examples' packages with "
+        "pip install -e '.[examples]' (scikit-learn, pillow, numpy), then run this again"
+    ) from None
 
 
 def main() -> None:
