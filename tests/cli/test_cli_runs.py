@@ -148,8 +148,10 @@ def test_run_task_file_uploads_runs_streams_and_releases(cli: Cli, tmp_path: Pat
     # the task's name and its own command, not the wrapper; one closing line
     (listed,) = ann.runs.list()
     assert f"run {listed.id}, task 'Cat Breeds_v2!': python train.py" in result.stderr
+    assert listed.task_name == "Cat Breeds_v2!"
     listing = cli("runs").stdout
     assert "python train.py" in listing and "CUDA_VISIBLE_DEVICES" not in listing
+    assert "Cat Breeds_v2!" in listing, listing
     charged = sum(s.charged_micro for s in ann.billing.usage().segments)
     *_, last = result.stderr.strip().splitlines()
     assert re.fullmatch(

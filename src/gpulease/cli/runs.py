@@ -407,7 +407,12 @@ def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | 
                 note(f"workdir uploaded ({archive.files} files, {archive.size:,} bytes)")
             run = client.runs.create(
                 instance.id,
-                RunCreate(command=spec.script(), env=spec.envs, stop_instance_on_exit=True),
+                RunCreate(
+                    command=spec.script(),
+                    task_name=spec.name,
+                    env=spec.envs,
+                    stop_instance_on_exit=True,
+                ),
             )
         except ClientError as exc:
             explained = _explained(client, instance.id, exc)
@@ -529,10 +534,11 @@ def runs(
         held = {i.id: i for i in client.instances.list(include_released=True)}
     show_rows(
         found,
-        ("ID", "INSTANCE", "STATUS", "EXIT", "COMMAND", "CREATED", "FINISHED"),
+        ("ID", "INSTANCE", "TASK", "STATUS", "EXIT", "COMMAND", "CREATED", "FINISHED"),
         lambda r: (
             r.id,
             held[r.instance_id].name if r.instance_id in held else r.instance_id,
+            r.task_name,
             _run_status(r, held.get(r.instance_id)),
             r.exit_code,
             first_line(own_command(r.command)),

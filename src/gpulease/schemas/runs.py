@@ -11,6 +11,7 @@ from gpulease.schemas.base import Model
 
 class RunCreate(BaseModel):
     command: str
+    task_name: str | None = None  # a task file's `name:`, shown beside the run
     env: dict[str, str] = Field(default_factory=dict)
     stop_instance_on_exit: bool = False
 
@@ -19,6 +20,7 @@ class RunPublic(Model):
     id: int
     instance_id: int
     command: str
+    task_name: str | None = None
     status: str
     status_reason: str
     exit_code: int | None

@@ -235,6 +235,7 @@ class Run(Base):
     instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id"), index=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
     command: Mapped[str] = mapped_column(Text)
+    task_name: Mapped[str | None] = mapped_column(String(100))  # a task file's `name:`
     env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
     status: Mapped[str] = mapped_column(String(16))  # pending running succeeded failed
     exit_code: Mapped[int | None] = mapped_column(Integer)

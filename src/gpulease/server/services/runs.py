@@ -18,6 +18,21 @@ from gpulease.server.services.instances.states import ACTIVE
 
 MAX_COMMAND = 100_000
 MAX_ENV = 200
+MAX_TASK_NAME = 100  # the column's length
+
+
+def task_name_of(name: str | None) -> str | None:
+    """A run's task name as stored: trimmed, None when blank; one line of printable
+    characters (it is shown in tables, pages and notices), at most MAX_TASK_NAME long."""
+    name = (name or "").strip()
+    if not name:
+        return None
+    if len(name) > MAX_TASK_NAME:
+        raise InvalidInput(f"the task name is longer than {MAX_TASK_NAME} characters")
+    if not name.isprintable():
+        bad = next(char for char in name if not char.isprintable())
+        raise InvalidInput(f"the task name contains {bad!r}; use printable characters only")
+    return name
 
 
 def create_run(
@@ -27,7 +42,9 @@ def create_run(
     env: dict[str, str],
     *,
     stop_instance_on_exit: bool = False,
+    task_name: str | None = None,
 ) -> Run:
+    task_name = task_name_of(task_name)
     if not command.strip():
         raise InvalidInput("the command is empty; give one after --, e.g. `-- python train.py`")
     if len(command) > MAX_COMMAND:
@@ -43,6 +60,7 @@ def create_run(
         instance_id=instance.id,
         owner_id=instance.owner_id,
         command=command,
+        task_name=task_name,
         env=dict(env),
         status="pending",
         stop_instance_on_exit=stop_instance_on_exit,
@@ -116,14 +134,16 @@ def is_finished(run: Run) -> bool:
 
 
 def notify_run_ended(session: Session, run: Run, instance: Instance) -> None:
-    """run_finished / run_failed for the owner: the run, its own command (not a task file's
-    setup wrapper) and its exit code."""
+    """run_finished / run_failed for the owner: the run, its task's name, its own command
+    (not a task file's setup wrapper) and its exit code."""
     command = " ".join(own_command(run.command).split())
     if len(command) > 120:
         command = command[:117] + "..."
+    task = f" (task {run.task_name!r})" if run.task_name else ""
     notifications.notify(
         session,
         run.owner_id,
         "run_finished" if run.status == "succeeded" else "run_failed",
-        f"run {run.id} on {instance.name} {run.status} (exit code {run.exit_code}): {command}",
+        f"run {run.id}{task} on {instance.name} {run.status} "
+        f"(exit code {run.exit_code}): {command}",
     )

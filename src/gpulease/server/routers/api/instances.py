@@ -154,6 +154,7 @@ def create_run(
         body.command,
         body.env,
         stop_instance_on_exit=body.stop_instance_on_exit,
+        task_name=body.task_name,
     )
     after.add_task(request.app.state.signals.runs.fire)  # after the commit: runners long-poll
     return RunPublic.model_validate(run)
