@@ -21,6 +21,8 @@ class FleetNode:
     """One node as the cluster engine sees it now."""
 
     name: str  # unique in the fleet and stable across restarts of that node
+    # How the other nodes reach it: an IP address where the engine knows one (Ray's node
+    # address), since multi-node runs hand it to their ranks as MASTER_ADDR.
     hostname: str
     cpu_count: int
     memory_mb: int

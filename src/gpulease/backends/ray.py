@@ -254,7 +254,7 @@ class RayBackend:
             ids[name] = node_id
             found[name] = FleetNode(
                 name=name,
-                hostname=str(node.get("NodeManagerHostname") or node.get("NodeManagerAddress")),
+                hostname=str(node.get("NodeManagerAddress") or node.get("NodeManagerHostname")),
                 cpu_count=int(resources.get("CPU", 0)),
                 memory_mb=int(resources.get("memory", 0)) // (1024 * 1024),
                 inventory=inventory,

@@ -167,7 +167,7 @@ def _succeeded(session: Session, instance: Instance) -> bool:
 def rank_env(session: Session, instance: Instance) -> dict[str, str]:
     """The variables torchrun and SkyPilot read in each rank of a multi-node run (MASTER_*,
     NODE_RANK, WORLD_SIZE, NNODES, SKYPILOT_*); {} for a one-node instance. Node addresses
-    are the nodes' hostnames as their backend reports them."""
+    are what the backend reports as each node's host (on Ray its IP address)."""
     if instance.gang_id is None or instance.gang_rank is None:
         return {}
     gang = members(session, instance.gang_id)
