@@ -19,6 +19,7 @@ from gpulease.cli.output import (
     show_rows,
     when,
 )
+from gpulease.core import catalog
 from gpulease.schemas.catalog import (
     GpuModelPublic,
     NodePublic,
@@ -47,8 +48,7 @@ def share_text(model: GpuModelPublic, count: int = 1) -> str:
     if model.vcpus_per_gpu is None or model.ram_gb_per_gpu is None:
         return "-"
     count = max(count, 1)
-    vcpus, ram = model.vcpus_per_gpu * count, model.ram_gb_per_gpu * count
-    return f"{vcpus:.3g} vCPU, {ram:.3g} GB RAM"
+    return catalog.share_text(model.vcpus_per_gpu * count, model.ram_gb_per_gpu * count)
 
 
 def _availability_cell(item: TemplateAvailabilityPublic) -> str:

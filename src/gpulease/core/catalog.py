@@ -82,6 +82,11 @@ class Catalog:
         return min(candidates, key=lambda m: abs(m.memory_gb - memory_gb))
 
 
+def share_text(vcpus: float, ram_gb: float) -> str:
+    """'12 vCPU, 60 GB RAM': a CPU and memory share as the CLI and the console show it."""
+    return f"{vcpus:.3g} vCPU, {ram_gb:.3g} GB RAM"
+
+
 DEFAULT_PRICING = "pricing.yaml"
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from fastapi import Response
 from sqlalchemy.orm import Session
 
-from gpulease.core.catalog import Catalog
+from gpulease.core.catalog import Catalog, share_text
 from gpulease.core.money import format_credits
 from gpulease.core.pricing import FULL_BP
 from gpulease.server.orm import User
@@ -42,6 +42,7 @@ class CatalogRow:
     total: int
     simulated: int
     fits: list[TemplateFit]
+    share: str | None  # '12 vCPU, 60 GB RAM' per GPU (per instance for CPU); None: no node
 
 
 def best_offpeak_bp(session: Session) -> int:
@@ -73,6 +74,7 @@ def catalog_rows(session: Session, owner: User, catalog: Catalog) -> list[Catalo
     symbol = catalog.currency_symbol
     best_bp = best_offpeak_bp(session)
     fits = template_fits(session, owner, catalog)
+    shares = nodes.shares_per_gpu(session, catalog)
     rows = []
     for m in catalog.models:
         a = avail[m.name]
@@ -90,6 +92,7 @@ def catalog_rows(session: Session, owner: User, catalog: Catalog) -> list[Catalo
                 total=a.total,
                 simulated=a.simulated,
                 fits=fits.get(m.name, []),
+                share=share_text(*shares[m.name]) if m.name in shares else None,
             )
         )
     return sorted(rows, key=lambda r: (not r.is_gpu, r.total == 0))

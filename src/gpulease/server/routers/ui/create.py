@@ -9,7 +9,7 @@ from fastapi import Form, Response
 from sqlalchemy.orm import Session
 
 from gpulease.core import estimates
-from gpulease.core.catalog import CPU_MODEL, Catalog
+from gpulease.core.catalog import CPU_MODEL, Catalog, share_text
 from gpulease.core.errors import GpuleaseError, InvalidInput
 from gpulease.core.money import format_credits
 from gpulease.server.routers.ui.billing import PLAN_TEXTS
@@ -68,19 +68,23 @@ CREATE_SHOWN = CreateForm(gpu_model="A100-80GB", images="100000", epochs="30", i
 
 
 def gpu_choices(session: Session, catalog: Catalog) -> list[GpuChoice]:
-    """Catalog models with price and free/total, in catalog order; GPUs on offer first."""
+    """Catalog models with price, CPU and memory share and free/total, in catalog order;
+    GPUs on offer first."""
     avail = nodes.availability(session, catalog)
+    shares = nodes.shares_per_gpu(session, catalog)
     symbol = catalog.currency_symbol
     choices = []
     for m in catalog.models:
         a = avail[m.name]
         price = f"{format_credits(m.hourly_micro, symbol)}/h"
+        share = f" · {share_text(*shares[m.name])}" if m.name in shares else ""
         if m.is_gpu:
             label = f"{m.name} · {m.memory_gb:g} GB · {price} per GPU · {a.free}/{a.total} free"
             if a.simulated:
                 label += " (simulated)"
+            label += f"{share} per GPU" if share else ""
         else:
-            label = f"CPU only · {price}"
+            label = f"CPU only · {price}{share}"
         choices.append(GpuChoice(m.name, label, m.is_gpu, a.free, a.total, bool(a.simulated)))
     return sorted(choices, key=lambda c: (c.is_gpu and c.total == 0, not c.is_gpu))
 
