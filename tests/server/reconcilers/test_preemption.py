@@ -45,7 +45,7 @@ def test_a_spot_instance_is_preempted_with_grace_and_resumes(
     spot, runner = make_running_instance(ann, tick, runner_for, gpu="A100-80GB:2", plan="spot")
     r = ann.post(
         f"/api/v1/instances/{spot}/runs",
-        json={"command": "python train.py", "stop_instance_on_exit": True},
+        json={"command": "python train.py", "stop_instance_on_exit": True, "task_name": "cats"},
     )
     assert r.status_code == 201, r.text
     run_id = int(r.json()["id"])
@@ -87,6 +87,7 @@ def test_a_spot_instance_is_preempted_with_grace_and_resumes(
     with transaction(rt.sessions) as session:
         again = session.scalars(select(Run).where(Run.instance_id == spot, Run.id != run_id)).one()
         assert (again.command, again.status) == ("python train.py", "pending")
+        assert again.task_name == "cats"  # the resumed run is still the task's
         assert again.stop_instance_on_exit
         again_id = again.id
     (seg,) = _segments(rt, spot)

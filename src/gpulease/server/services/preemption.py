@@ -80,6 +80,7 @@ def requeue_stopped(session: Session) -> list[Instance]:
                 instance_id=instance.id,
                 owner_id=run.owner_id,
                 command=run.command,
+                task_name=run.task_name,
                 env=dict(run.env),
                 status="pending",
                 stop_instance_on_exit=run.stop_instance_on_exit,
