@@ -80,7 +80,12 @@ def run_gang(
                 runs.append(
                     client.runs.create(
                         member.id,
-                        RunCreate(command=spec.script(), env=spec.envs, stop_instance_on_exit=True),
+                        RunCreate(
+                            command=spec.script(),
+                            task_name=spec.name,
+                            env=spec.envs,
+                            stop_instance_on_exit=True,
+                        ),
                     )
                 )
         except ClientError:
