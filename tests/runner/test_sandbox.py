@@ -220,6 +220,33 @@ def test_stop_sends_sigterm_to_the_job_and_kill_follows(host: Host) -> None:
     assert time.monotonic() - started < 10
 
 
+CHECKPOINTING_JOB = """
+import pathlib, signal, sys, time
+def saved(*_):
+    time.sleep(1)
+    print("saved", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, saved)
+pathlib.Path("started").write_text("yes")
+time.sleep(60)
+"""
+
+
+def test_a_job_under_a_script_keeps_its_grace(host: Host) -> None:
+    # bash ends on the stop's SIGTERM only once its command has: bubblewrap's init exits
+    # with bash, which would otherwise kill the job while it saves its checkpoint.
+    (host.workspace / "job.py").write_text(CHECKPOINTING_JOB)
+    run = start(host, "set -e; python3 job.py; echo next")
+    deadline = time.monotonic() + 30
+    while not (host.workspace / "started").exists():
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.05)
+    stop_runs([run], grace_s=10)
+    wait(run)
+    assert output(run)[0] == "saved\n"
+    assert run.exit_code == -signal.SIGTERM
+
+
 def test_processes_a_job_leaves_behind_die_with_it(host: Host) -> None:
     run = start(host, "sleep 60 & echo $!")
     wait(run)

@@ -31,6 +31,13 @@ LEFTOVER_GRACE_S = 2.0
 READ_BYTES = 64 * 1024
 SANDBOX_START_TIMEOUT_S = 30.0
 _DROPPED_VARIABLES = ("PYTHONHOME", "PYTHONPATH", "VIRTUAL_ENV")
+# The first line of every run's bash. A stop sends SIGTERM to the run's whole process group;
+# without a handler bash would end at once while its program is still saving a checkpoint,
+# and in the sandbox bubblewrap's init exits with bash, after which the kernel kills what is
+# left of the job's PID namespace. With this trap bash waits for its foreground command to
+# finish first, then ends by the same SIGTERM, so the run reads as stopped (-15) as before.
+# A job's own `trap ... TERM` replaces it.
+KEEP_GRACE = "trap 'trap - TERM; kill -TERM $$' TERM\n"
 
 
 def run_env(
@@ -125,7 +132,7 @@ class RunProcess:
         """Spawn the run. A run that cannot be spawned ends at once with exit code 127 and
         the reason in its stderr."""
         bash = shutil.which("bash") or "/bin/bash"
-        argv = [bash, "-c", self.command]
+        argv = [bash, "-c", KEEP_GRACE + self.command]
         info_read = info_write = -1
         try:
             if self._sandbox is not None:
