@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import io
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
@@ -34,7 +35,10 @@ def _bill_from(rt: Runtime, instance_id: int, start: datetime, seconds: int) -> 
         assert seg.billed_seconds == seconds
 
 
+@functools.cache
 def _midnight_utc() -> datetime:
+    """The last midnight UTC, read once: the tests place their segments around it, and a run
+    that crosses midnight must not see two different days."""
     return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
