@@ -46,6 +46,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from results import emit  # noqa: E402
+
 from processes import ADMIN_PASSWORD, Platform, free_port  # noqa: E402
 
 FILES_PER_DIR = 1000
@@ -298,6 +300,20 @@ def main() -> None:
         report(rows, args, console)  # before the tree is removed: that takes a while
 
 
+def _target(label: str, seconds: float, baseline: float, files: int) -> tuple[str, bool | None]:
+    """The issue's target for a row, and whether it was met (None: no target at this size)."""
+    ratio = seconds / baseline
+    if label.startswith("first push"):
+        return "<= 2× tar", ratio <= 2
+    if label.startswith("materialise"):
+        return "<= 2× tar xf", ratio <= 2
+    if label.startswith("job reads"):
+        return ">= 0.95× plain reads (time ratio <= 1.05)", ratio <= 1.05
+    if label.startswith("unchanged re-push") and files >= 100_000:
+        return "<= 0.5 s at 100,000 files", seconds <= 0.5
+    return "", None
+
+
 def report(rows: list[Row], args: argparse.Namespace, console: Console) -> None:
     table = Table(
         title=f"datasets: {args.n:,} files of about {args.size:,} bytes, medians of "
@@ -314,6 +330,15 @@ def report(rows: list[Row], args: argparse.Namespace, console: Console) -> None:
             f"{baseline:.3f}",
             what,
             f"{seconds / baseline:.2f}×",
+        )
+        target, met = _target(label, seconds, baseline, args.n)
+        emit(
+            f"datasets, {args.n:,} files: {label}",
+            f"{seconds:.3f} s ({note})",
+            f"{what} {baseline:.3f} s",
+            f"{seconds / baseline:.2f}×",
+            target,
+            met,
         )
     console.print(table)
     console.print(
