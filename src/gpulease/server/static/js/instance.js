@@ -2,6 +2,15 @@
 // first from /api/v1/instances/{id}/gpus, then grown live from its `sample` events
 // (/gpus/stream). Simulated GPUs have no readings and no charts.
 "use strict";
+// The GPU cards are drawn with the page: when the instance comes to hold GPUs it did not
+// when the page loaded (it was queued or starting), or gives them back, load the page again.
+document.addEventListener("live:updated", () => {
+  const status = document.getElementById("instance-status");
+  const card = document.getElementById("gpus");
+  if (!status || !card || status.dataset.heldGpus === undefined) return;
+  const shown = card.querySelectorAll(".gpu-card").length;
+  if (Number(status.dataset.heldGpus) !== shown) window.location.reload();
+});
 window.GpuleaseCharts.page("gpus", (card, C) => {
   const id = card.dataset.instance;
   const note = document.getElementById("gpu-note");
