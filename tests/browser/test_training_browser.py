@@ -103,6 +103,9 @@ def loss_points(page: Page, chart: str = "run:loss") -> int:
 
 
 def start_run(page: Page, command: str) -> int:
+    # the instance page's scripts (terminal, charts) settle first: the form must not move
+    # under the click
+    page.wait_for_load_state("load")
     page.get_by_label("Command").fill(command)
     page.get_by_role("button", name="Start run").click()
     expect(page).to_have_url(re.compile(r"/runs/\d+$"))
