@@ -77,17 +77,7 @@ def run_gang(
             for member in members:
                 if archive is not None:
                     client.instances.upload_workdir(member.id, archive)
-                runs.append(
-                    client.runs.create(
-                        member.id,
-                        RunCreate(
-                            command=spec.script(),
-                            task_name=spec.name,
-                            env=spec.envs,
-                            stop_instance_on_exit=True,
-                        ),
-                    )
-                )
+                runs.append(client.runs.create(member.id, RunCreate.of_task(spec)))
         except ClientError:
             for member in members:
                 release(member.id, member.name)

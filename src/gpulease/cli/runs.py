@@ -405,15 +405,7 @@ def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | 
             if archive is not None:
                 client.instances.upload_workdir(instance.id, archive)
                 note(f"workdir uploaded ({archive.files} files, {archive.size:,} bytes)")
-            run = client.runs.create(
-                instance.id,
-                RunCreate(
-                    command=spec.script(),
-                    task_name=spec.name,
-                    env=spec.envs,
-                    stop_instance_on_exit=True,
-                ),
-            )
+            run = client.runs.create(instance.id, RunCreate.of_task(spec))
         except ClientError as exc:
             explained = _explained(client, instance.id, exc)
             _release(client, instance.id, instance.name)  # nothing would ever release it

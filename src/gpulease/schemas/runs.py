@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
 from gpulease.schemas.base import Model
+
+if TYPE_CHECKING:
+    from gpulease.core.taskspec import TaskSpec
 
 
 class RunCreate(BaseModel):
@@ -14,6 +18,14 @@ class RunCreate(BaseModel):
     task_name: str | None = None  # a task file's `name:`, shown beside the run
     env: dict[str, str] = Field(default_factory=dict)
     stop_instance_on_exit: bool = False
+
+    @classmethod
+    def of_task(cls, spec: TaskSpec) -> RunCreate:
+        """A task file's run: its setup and run script, name and envs; the instance stops
+        when it exits (`gpulease run` releases it then)."""
+        return cls(
+            command=spec.script(), task_name=spec.name, env=spec.envs, stop_instance_on_exit=True
+        )
 
 
 class RunPublic(Model):
