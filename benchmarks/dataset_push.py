@@ -47,8 +47,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from results import emit  # noqa: E402
+from temp_platform import sqlite_platform  # noqa: E402
 
-from processes import ADMIN_PASSWORD, Platform, free_port  # noqa: E402
+from processes import ADMIN_PASSWORD, Platform  # noqa: E402
 
 FILES_PER_DIR = 1000
 Row = tuple[str, float, str, float, str]  # what, seconds, note, baseline seconds, baseline
@@ -103,17 +104,10 @@ def push(platform: Platform, tree: Path, name: str) -> tuple[float, float, dict[
 
 
 def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[list[Row], Path]:
-    platform = Platform(
-        home=root / "home",
-        database_url=f"sqlite:///{root / 'home' / 'gpulease.db'}",
-        port=free_port(),
-        simulated="T4:1",
-        log_path=root / "server.log",
-        config=root / "cli.json",
-        extra_env={
-            "GPULEASE_UNSANDBOXED_SINGLE_USER": "true",
-            "XDG_CACHE_HOME": str(root / "cache"),
-        },
+    platform = sqlite_platform(
+        root,
+        "T4:1",
+        {"GPULEASE_UNSANDBOXED_SINGLE_USER": "true", "XDG_CACHE_HOME": str(root / "cache")},
     )
     platform.start()
     firsts, walls, tars = [], [], []

@@ -1,0 +1,29 @@
+"""The benchmarks' server: a Platform (tests/processes.py) on SQLite in a temporary home."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+TESTS = str(Path(__file__).resolve().parents[1] / "tests")
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+
+from processes import Platform, free_port  # noqa: E402
+
+
+def sqlite_platform(
+    root: Path, simulated: str, extra_env: Mapping[str, str] | None = None
+) -> Platform:
+    """A Platform, not yet started, whose home, database, server log and CLI config are
+    under root, on a free loopback port, offering the simulated GPUs ("T4:1,A100-80GB:1")."""
+    return Platform(
+        home=root / "home",
+        database_url=f"sqlite:///{root / 'home' / 'gpulease.db'}",
+        port=free_port(),
+        simulated=simulated,
+        log_path=root / "server.log",
+        config=root / "cli.json",
+        extra_env=dict(extra_env or {}),
+    )
