@@ -33,7 +33,9 @@ def metrics(
 ) -> None:
     """The metrics a run logged: latest step and value, lowest, highest, how many points.
 
-    -o json prints each curve too (downsampled to --max-points, extremes kept).
+    A step that came by more than one way (the SDK and a stdout line) is one point, with
+    the SDK's value (then TensorBoard's, then stdout's). -o json prints each curve too
+    (downsampled to --max-points, extremes kept).
     """
     emit(
         fetch(lambda client: client.runs.metrics(run_id, key or None, max_points=max_points)),
@@ -52,7 +54,7 @@ def _show_metrics(found: RunMetrics, run_id: int, key: list[str] | None) -> None
             _number(s.last_value),
             _number(s.min),
             _number(s.max),
-            s.raw_count,
+            s.count,
         ),
         title=f"run {run_id}",
         empty=f"run {run_id} has no metrics"
