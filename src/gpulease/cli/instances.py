@@ -239,6 +239,8 @@ def show(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
                 ("template", i.template),
                 ("datasets", ", ".join(f"/data/{n} (v{v})" for n, v in i.datasets.items())),
                 ("node", i.node),
+                ("last node", i.last_node),
+                ("workspace saved", when(i.workspace_saved_at)),
                 ("price", f"{i.hourly}/h"),
                 ("created", when(i.created_at)),
                 ("started", when(i.started_at)),

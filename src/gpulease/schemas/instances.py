@@ -57,6 +57,11 @@ class InstancePublic(BaseModel):
     gang_id: int | None = None
     gang_rank: int | None = None
     gang_size: int | None = None
+    # The node it last ran on (also while stopped): a start goes back there when it has
+    # the GPUs, else the workspace moves to a node that has them.
+    last_node: str | None = None
+    # When its runner last saved the workspace to the server (at a stop on a fleet backend).
+    workspace_saved_at: datetime | None = None
 
 
 class ResizeRequest(BaseModel):

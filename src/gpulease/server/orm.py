@@ -181,7 +181,15 @@ class Instance(Base):
     status_message: Mapped[str] = mapped_column(String(500), default="")
     auto_release: Mapped[bool] = mapped_column(Boolean, default=False)
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"))
+    # The node it last ran on (kept while stopped; node_id is the node holding it now): a
+    # start goes back there when it can, else its workspace moves (services/workspaces.py).
+    last_node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"))
     workspace: Mapped[str | None] = mapped_column(String(500))
+    # The workspace as its runner saved it at its last stop on a fleet backend: the sealed
+    # manifest's blob key, when it was taken and its bytes (services/workspaces.py).
+    workspace_snapshot: Mapped[str | None] = mapped_column(String(255))
+    workspace_snapshot_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    workspace_snapshot_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     workdir_upload: Mapped[str | None] = mapped_column(String(500))
     # Created by `gpulease run`, whose workdir upload follows: not placed until it lands.
     awaiting_workdir: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -224,7 +232,8 @@ class Instance(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     owner: Mapped[User] = relationship()
-    node: Mapped[Node | None] = relationship()
+    node: Mapped[Node | None] = relationship(foreign_keys=[node_id])
+    last_node: Mapped[Node | None] = relationship(foreign_keys=[last_node_id])
     team: Mapped[Team | None] = relationship()
     gpus: Mapped[list[Gpu]] = relationship(order_by="Gpu.index", viewonly=True)
 
@@ -484,6 +493,23 @@ class DatasetChunk(Base):
     key_wrapped: Mapped[bytes] = mapped_column(LargeBinary)
     stored: Mapped[bool] = mapped_column(Boolean, default=False)
     blob: Mapped[str | None] = mapped_column(String(255), index=True)
+    offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    length: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class WorkspaceChunk(Base):
+    """A chunk of an instance's workspace snapshot (services/workspaces.py): one row per
+    (instance, plaintext SHA-256), its sealed bytes [offset, offset+length) of the pack blob
+    `blob`, sealed with the instance's workspace key (storage_keys scope 'workspace:ID')."""
+
+    __tablename__ = "workspace_chunks"
+    __table_args__ = (UniqueConstraint("instance_id", "sha256"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id"))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    blob: Mapped[str] = mapped_column(String(255), index=True)
     offset: Mapped[int] = mapped_column(BigInteger, default=0)
     length: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -23,6 +23,8 @@ def instance_public(
         gpu_indices=[g.index for g in gpus],
         simulated=any(g.simulated for g in gpus),
         node=instance.node.name if instance.node else None,
+        last_node=instance.last_node.name if instance.last_node else None,
+        workspace_saved_at=instance.workspace_snapshot_at,
         hourly=format_credits(instance.hourly_micro, catalog.currency_symbol),
         queue_position=positions.get(instance.id),
         team=team.name if (team := instance.team) is not None else None,
