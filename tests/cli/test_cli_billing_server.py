@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,29 +14,59 @@ from wired_cli import Cli
 from gpulease.cli.main import app
 from gpulease.core.money import format_credits
 from gpulease.schemas.instances import InstanceCreate
+from gpulease.server.db import transaction
+from gpulease.server.services import metering
 
 
 def test_balance_and_usage(cli: Cli) -> None:
-    ann = cli.login_as("ann")
+    cli.login_as("ann")
     balance = cli("balance")
     assert "$10.0000 USD" in balance.stdout
     assert json.loads(cli("balance", "-o", "json").stdout)["balance_micro"] == 10_000_000
 
-    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
-    cli.server.cluster.start()
-    cli.server.cluster.wait_for(lambda: ann.instances.get("box").status == "running")
-    ann.instances.stop("box")
-    cli.server.cluster.wait_for(lambda: ann.instances.get("box").status == "stopped")
     usage = cli("usage")
-    assert usage.exit_code == 0
-    assert "T4:1" in usage.stdout and "sign-up credit" in usage.stdout
-    # instances by name, amounts in the server's one format, the currency named
-    (segment,) = ann.billing.usage().segments
-    (row,) = [line for line in usage.stdout.splitlines() if "T4:1" in line]
-    assert row.strip("│ ").startswith("box ") and format_credits(segment.hourly_micro) in row
-    assert "usage, in USD" in usage.stdout and "$10.0000" in usage.stdout
-    data = json.loads(cli("usage", "-o", "json").stdout)
+    assert usage.exit_code == 0, usage.output
+    assert "bill this month, in USD" in usage.stdout and "sign-up credit" in usage.stdout
+    assert "credited $10.0000 this month; balance now $10.0000 USD" in usage.stdout
+
+
+def test_usage_names_the_session_and_its_time_in_words(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
+    for _ in range(50):
+        cli.server.cluster.step()
+        if ann.instances.get("box").status == "running":
+            break
+    # 2 h 14 min on one day (before the last midnight UTC), as the meter bills it
+    midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    start = midnight - timedelta(hours=3)
+    with transaction(cli.server.rt.sessions) as session:
+        segment = metering.open_segment_of(session, ann.instances.get("box").id)
+        assert segment is not None
+        before = segment.charged_micro
+        segment.started_at = start
+        session.flush()
+        metering.charge_segment(session, segment, start + timedelta(seconds=8040.5))
+        charged = segment.charged_micro - before
+    assert charged > 0
+    day = str(start.date())
+
+    usage = cli("usage", "--from", day, "--to", day, "--tz", "UTC")
+    assert usage.exit_code == 0, usage.output
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in usage.stdout.splitlines()]
+    assert [day, "box: T4 × 1, on demand, 2 h 14 min", format_credits(-charged)] in cells
+    assert "bill in this period, in USD" in usage.stdout
+    assert f"charged {format_credits(charged)}, credited $0.0000 in this period" in usage.stdout
+    data = json.loads(cli("usage", "--from", day, "--to", day, "-o", "json").stdout)
+    (line,) = data["bill"]
+    assert line["amount_micro"] == -charged and line["text"].startswith("box: T4 × 1")
     assert len(data["segments"]) == 1 and data["ledger"][-1]["kind"] == "signup_credit"
+
+    cli.login_as("bob")  # another renter's bill has none of ann's sessions
+    theirs = cli("usage", "--from", day, "--to", day, "--tz", "UTC")
+    assert "box" not in theirs.output and "nothing billed or credited" in theirs.output
+    bad = cli("usage", "--from", "yesterday")
+    assert bad.exit_code == 1 and "YYYY-MM-DD" in bad.stderr, bad.output
 
 
 def test_admin_grant_and_users(cli: Cli) -> None:

@@ -1,7 +1,8 @@
-"""Money commands: balance, usage, and the operator's credit grants and user list."""
+"""Money commands: balance, usage (the bill), and the operator's credit grants and user list."""
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Annotated
 
 import typer
@@ -19,8 +20,10 @@ from gpulease.cli.output import (
     symbol_of,
     when,
 )
+from gpulease.cli.statements import FromOption, ToOption, TzOption
 from gpulease.core.money import format_credits
-from gpulease.schemas.ledger import GrantCreate
+from gpulease.schemas.bill import BillLinePublic
+from gpulease.schemas.ledger import Balance, GrantCreate
 
 
 def balance(output: OutputOption = OutputFormat.table) -> None:
@@ -34,53 +37,52 @@ def balance(output: OutputOption = OutputFormat.table) -> None:
     )
 
 
-def _duration(seconds: int) -> str:
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"
+def usage(
+    start: FromOption = None,
+    end: ToOption = None,
+    tz: TzOption = None,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """What you were billed, as the Billing page's bill: one line per instance session and
+    day ("box: A100-80GB × 1, on demand, 2 h 14 min"), grants and vouchers, newest first.
 
-
-def usage(output: OutputOption = OutputFormat.table) -> None:
-    """What you were billed: GPU usage segments, then every ledger line."""
+    The period runs from --from to --to (default: this month). -o json prints, as before,
+    the usage segments and every ledger line (GET /api/v1/usage), and the period's bill
+    lines under "bill".
+    """
     with logged_in_client() as client:
-        found = client.billing.usage()
+        lines = client.billing.bill(start, end, tz=tz)
         if output is OutputFormat.json:
-            print_json(found)
+            found = client.billing.usage().model_dump(mode="json")
+            print_json({**found, "bill": [line.model_dump(mode="json") for line in lines]})
             return
-        names = {i.id: i.name for i in client.instances.list(include_released=True)}
         wallet = client.billing.balance()
-    symbol = symbol_of(wallet.balance, wallet.balance_micro)
+    _show_bill(lines, wallet, bool(start or end))
 
-    def money(micro: int) -> str:
-        return format_credits(micro, symbol)
+
+def _show_bill(lines: list[BillLinePublic], wallet: Balance, dated: bool) -> None:
+    period = "in this period" if dated else "this month"
+    shown: list[date] = []
+
+    def cells(line: BillLinePublic) -> tuple[object, ...]:
+        first_of_day = not shown or shown[-1] != line.day
+        shown.append(line.day)
+        return (line.day if first_of_day else "", line.text, line.amount)
 
     show_rows(
-        found.segments,
-        ("INSTANCE", "GPU", "RATE/H", "STARTED", "ENDED", "BILLED", "CHARGED"),
-        lambda s: (
-            names.get(s.instance_id, s.instance_id),
-            f"{s.gpu_model}:{s.gpu_count}" if s.gpu_count else s.gpu_model,
-            money(s.hourly_micro),
-            when(s.started_at),
-            when(s.ended_at) if s.ended_at else "running",
-            _duration(s.billed_seconds),
-            money(s.charged_micro),
-        ),
-        empty="no GPU usage yet",
-        title=f"usage, in {wallet.currency}",
+        lines,
+        ("DAY", "WHAT", "AMOUNT"),
+        cells,
+        title=f"bill {period}, in {wallet.currency}",
+        empty=f"nothing billed or credited {period}",
     )
-    show_rows(
-        found.ledger,
-        ("TIME", "KIND", "AMOUNT", "INSTANCE", "MEMO"),
-        lambda line: (
-            when(line.created_at),
-            line.kind,
-            money(line.amount_micro),
-            names.get(line.instance_id, line.instance_id) if line.instance_id else None,
-            line.memo,
-        ),
-        empty="no ledger entries yet",
-        title=f"ledger, in {wallet.currency}",
+    symbol = symbol_of(wallet.balance, wallet.balance_micro)
+    charged = sum(-line.amount_micro for line in lines if line.amount_micro < 0)
+    credited = sum(line.amount_micro for line in lines if line.amount_micro > 0)
+    console().print(
+        f"charged {format_credits(charged, symbol)}, credited {format_credits(credited, symbol)}"
+        f" {period}; balance now {wallet.balance} {wallet.currency}",
+        markup=False,
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from gpulease.client.base import Resource, path_part
+from gpulease.client.statements import Day, period_params
+from gpulease.schemas.bill import BillLinePublic
 from gpulease.schemas.billing import (
     LimitsPublic,
     LimitsUpdate,
@@ -27,6 +29,13 @@ class BillingAPI(Resource):
     def usage(self) -> Usage:
         """Usage segments (what was billed, per GPU interval) and the ledger lines."""
         return self._api.one(Usage, "GET", "/usage")
+
+    def bill(
+        self, start: Day = None, end: Day = None, *, tz: str | None = None
+    ) -> list[BillLinePublic]:
+        """Your wallet from `start` to `end` (default: this month) as bill lines, newest
+        first: the meter's charges one line per instance session and day, in words."""
+        return self._api.many(BillLinePublic, "/bill", params=period_params(start, end, tz))
 
     def plans(self, gpu: str) -> list[PlanQuote]:
         """Each plan's price for `gpu` ("A100-80GB:2") and the rules shown before buying."""
