@@ -7,6 +7,8 @@ import threading
 
 from wired_cli import Cli
 
+from gpulease.cli.output import when
+
 
 def test_gpus_table_marks_simulated_counts_and_json_is_the_api_answer(cli: Cli) -> None:
     cli.login_as("ann")
@@ -89,3 +91,34 @@ def test_instance_create_wait_fails_when_it_cannot_start(cli: Cli) -> None:
     assert created.exit_code == 1
     assert "did not start" in created.stderr and "no runner binary" in created.stderr
     assert ann.instances.get("box").status == "failed"
+
+
+def test_a_queued_instance_shows_its_place_reason_and_estimated_start(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    made = cli(
+        "instance", "create", "--gpu", "A100-80GB:2", "--name", "first", "--max-duration", "2h"
+    )
+    assert made.exit_code == 0, made.output
+    for _ in range(3):
+        cli.server.cluster.step()
+    assert ann.instances.get("first").status == "running"
+    assert cli("instance", "create", "--gpu", "A100-80GB:2", "--name", "second").exit_code == 0
+    cli.server.cluster.step()
+    second = ann.instances.get("second")
+    assert second.status == "queued" and second.queue_eta is not None
+
+    listed = cli("instance", "ls")
+    assert "EST. START" in listed.stdout and when(second.queue_eta) in listed.stdout
+    shown = cli("instance", "show", "second").stdout
+    assert "queue place" in shown and "needs 2 × A100-80GB on one node" in shown
+    assert when(second.queue_eta) in shown
+    assert "expected ends of 1 of the 1 instance holding A100-80GB (1 declared)" in shown
+    assert "no duration known" in shown
+    assert "declared 2 h" in cli("instance", "show", "first").stdout
+    as_json = json.loads(cli("instance", "show", "second", "-o", "json").stdout)
+    assert as_json["queue_reason"] == second.queue_reason
+
+    bad = cli("instance", "create", "--gpu", "T4:1", "--max-duration", "120")
+    assert bad.exit_code == 2 and "write it with units, e.g. 2h" in bad.stderr
+    both = cli("instance", "create", "--gpu", "T4:1", "--max-duration", "2h", "--max-runtime", "5")
+    assert both.exit_code == 2 and "not both" in both.stderr

@@ -259,3 +259,19 @@ def test_a_failing_setup_fails_the_task_and_says_so(tmp_path: Path) -> None:
 def test_cpu_only_runs_have_no_cuda_visible_devices(tmp_path: Path) -> None:
     spec = parse_task("run: echo ${CUDA_VISIBLE_DEVICES-unset} $SKYPILOT_NUM_GPUS_PER_NODE")
     assert run_script(spec, tmp_path, CUDA_VISIBLE_DEVICES="").stdout == "unset 0\n"
+
+
+@pytest.mark.parametrize(
+    ("written", "minutes"),
+    [("2h", 120), ("90m", 90), ("1h30m", 90), ("1.5 h", 90), ("2d", 2880), ("45min", 45)],
+)
+def test_max_duration_in_words(written: str, minutes: int) -> None:
+    spec = parse_task(f"run: python train.py\nmax_duration: {written}\n")
+    assert spec.max_duration_minutes == minutes
+    assert parse_task("run: python train.py\n").max_duration_minutes is None
+
+
+@pytest.mark.parametrize("written", ["120", "2 hours", "soon", "0m", "''"])
+def test_max_duration_needs_a_length_with_units(written: str) -> None:
+    with pytest.raises(InvalidInput, match="max_duration"):
+        parse_task(f"run: python train.py\nmax_duration: {written}\n")

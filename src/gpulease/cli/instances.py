@@ -25,6 +25,7 @@ from gpulease.cli.output import (
     when,
 )
 from gpulease.client import GpuleaseClient, InstanceRef
+from gpulease.core.durations import parse_minutes
 from gpulease.schemas.instances import InstanceCreate, InstancePublic, InstanceStart
 
 # How often waiting commands poll an instance that is queued or starting.
@@ -37,6 +38,24 @@ DatasetOption = Annotated[
         "--dataset", "-d", metavar="NAME", help="mount your dataset at /data/NAME (repeatable)"
     ),
 ]
+
+MaxDurationOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-duration",
+        metavar="2h",
+        help="how long it may run (2h, 90m, 1h30m): it stops then, and the queue counts on it",
+    ),
+]
+
+
+def max_runtime_of(max_duration: str | None, max_runtime: int | None = None) -> int | None:
+    """The maximum runtime in minutes from `--max-duration 2h` or `--max-runtime 120`."""
+    if max_duration is None:
+        return max_runtime
+    if max_runtime is not None:
+        fail("give --max-duration or --max-runtime, not both (they set the same limit)", 2)
+    return parse_minutes(max_duration, "--max-duration")
 
 
 def gpu_text(instance: InstancePublic) -> str:
@@ -145,9 +164,11 @@ def create(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="accept the daily plan's rules")] = False,
     idle_minutes: IdleMinutesOption = None,
     max_runtime: MaxRuntimeOption = None,
+    max_duration: MaxDurationOption = None,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Rent an instance. It is queued until its GPUs are free, then starts."""
+    max_runtime = max_runtime_of(max_duration, max_runtime)
     with logged_in_client() as client:
         if plan == "daily" and not yes:
             (rules,) = [q.rules for q in client.billing.plans(gpu or "CPU") if q.plan == "daily"]
@@ -192,7 +213,7 @@ def list_(
 def _show_list(found: list[InstancePublic]) -> None:
     show_rows(
         found,
-        ("ID", "NAME", "STATUS", "GPU", "TEMPLATE", "NODE", "PRICE/H", "CREATED"),
+        ("ID", "NAME", "STATUS", "GPU", "TEMPLATE", "NODE", "PRICE/H", "CREATED", "EST. START"),
         lambda i: (
             i.id,
             i.name,
@@ -202,6 +223,7 @@ def _show_list(found: list[InstancePublic]) -> None:
             i.node,
             i.hourly,
             when(i.created_at),
+            _eta_text(i),
         ),
         empty="no instances; create one with `gpulease instance create --gpu T4:1`",
     )
@@ -211,6 +233,24 @@ def _short_status(instance: InstancePublic) -> str:
     if instance.status == "queued" and instance.queue_position is not None:
         return f"{instance.status} (#{instance.queue_position})"
     return instance.status
+
+
+def _eta_text(instance: InstancePublic) -> str:
+    if instance.status != "queued":
+        return "-"
+    return when(instance.queue_eta) if instance.queue_eta else "not known yet"
+
+
+def _queue_fields(i: InstancePublic) -> list[tuple[str, object]]:
+    """Why a queued instance waits and until when, each on a line of its own."""
+    if i.status != "queued" or not i.queue_reason:
+        return []
+    return [
+        ("queue place", i.queue_position),
+        ("waiting because", i.queue_reason),
+        ("estimated start", _eta_text(i)),
+        ("estimate from", i.queue_eta_basis or "nothing known of what runs ahead"),
+    ]
 
 
 @instance_app.command("show")
@@ -228,7 +268,9 @@ def show(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
             [
                 ("id", i.id),
                 ("name", i.name),
-                ("status", status_text(i)),
+                ("status", _short_status(i) if _queue_fields(i) else status_text(i)),
+                *_queue_fields(i),
+                ("expected duration", i.duration_basis),
                 ("desired", i.desired_state),
                 ("gpu", gpu_text(i)),
                 (

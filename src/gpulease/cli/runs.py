@@ -20,6 +20,8 @@ from gpulease.cli.connection import logged_in_client
 from gpulease.cli.instances import (
     WAITING,
     DatasetOption,
+    MaxDurationOption,
+    max_runtime_of,
     status_text,
     wait_until_settled,
     wait_until_started,
@@ -252,6 +254,7 @@ def run(
             help="run it again this many times if its instance fails (its node left, say)",
         ),
     ] = None,
+    max_duration: MaxDurationOption = None,
 ) -> None:
     """Rent an instance for one task: upload the workdir, run, stream the output, release.
 
@@ -269,6 +272,7 @@ def run(
         start_when_cheap=spec.start_when_cheap or when_cheap,
         team=team or spec.team,
         retries=spec.retries if retry is None else retry,
+        max_duration_minutes=max_runtime_of(max_duration) or spec.max_duration_minutes,
     )
     archive = pack_workdir(directory) if directory is not None else None  # before renting
     try:
@@ -385,6 +389,7 @@ def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | 
             plan="spot" if spec.use_spot else "on_demand",
             team=spec.team,
             start_when_cheap=spec.start_when_cheap,
+            max_runtime_minutes=spec.max_duration_minutes,
             num_nodes=spec.num_nodes,
         )
     )

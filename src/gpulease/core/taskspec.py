@@ -18,6 +18,7 @@ import yaml
 
 from gpulease.core.catalog import CPU_MODEL, MAX_GPU_COUNT, parse_accelerators
 from gpulease.core.datasets import check_dataset_name
+from gpulease.core.durations import parse_minutes
 from gpulease.core.errors import InvalidInput
 
 KNOWN_FIELDS = {
@@ -36,6 +37,9 @@ KNOWN_FIELDS = {
     "start_when_cheap",
     "team",
     "retry",
+    # gpulease's own: how long the task may hold its GPUs ("2h"): the instance stops then,
+    # and the scheduler counts on it for backfill and for others' estimated starts
+    "max_duration",
 }
 MAX_RETRIES = 10
 # SkyPilot's top-level fields that only mean something on a cloud or a cluster manager.
@@ -113,6 +117,7 @@ class TaskSpec:
     team: str | None = None
     # Times to run the task again on a new instance after its instance failed under it.
     retries: int = 0
+    max_duration_minutes: int | None = None
     # Every acceptable GPU set, in the order written (any of them will do).
     accelerator_choices: tuple[AcceleratorChoice, ...] = ()
     cpus: Amount | None = None
@@ -382,6 +387,8 @@ def parse_task(text: str) -> TaskSpec:
             f"retry must be a whole number from 0 to {MAX_RETRIES}: how many times to run the "
             "task again when its instance fails (retry: 1)"
         )
+    raw_duration = data.get("max_duration")
+    max_duration = None if raw_duration is None else parse_minutes(raw_duration, "max_duration")
     return TaskSpec(
         name=data.get("name"),
         accelerators=str(choices[0]) if len(choices) == 1 else None,
@@ -398,6 +405,7 @@ def parse_task(text: str) -> TaskSpec:
         start_when_cheap=bool(data.get("start_when_cheap", False)),
         team=data.get("team"),
         retries=retries,
+        max_duration_minutes=max_duration,
         num_nodes=num_nodes,
         ignored=tuple(ignored),
         skypilot=True,

@@ -57,6 +57,13 @@ class InstancePublic(BaseModel):
     gang_id: int | None = None
     gang_rank: int | None = None
     gang_size: int | None = None
+    # A queued instance: the scheduler's reason, estimated start and what that estimate
+    # rests on (None otherwise); and, queued or holding GPUs, where its expected duration
+    # comes from ("declared 2 h", "learned from your last 5 runs of train", "no duration known").
+    queue_reason: str | None = None
+    queue_eta: datetime | None = None
+    queue_eta_basis: str | None = None
+    duration_basis: str | None = None
     # The node it last ran on (also while stopped): a start goes back there when it has
     # the GPUs, else the workspace moves to a node that has them.
     last_node: str | None = None

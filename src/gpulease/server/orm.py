@@ -179,6 +179,13 @@ class Instance(Base):
     desired_state: Mapped[str] = mapped_column(String(16))
     status_reason: Mapped[str] = mapped_column(String(500), default="")
     status_message: Mapped[str] = mapped_column(String(500), default="")
+    # The scheduler's word on a queued instance, each tick (reconcilers/scheduler.py): why it
+    # waits, its estimated start and what that rests on; and how long it is expected to hold
+    # its GPUs, in words ("declared 2 h", "learned from your last 5 runs of train").
+    queue_reason: Mapped[str] = mapped_column(String(500), default="")
+    queue_eta: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    queue_eta_basis: Mapped[str] = mapped_column(String(500), default="")
+    duration_basis: Mapped[str] = mapped_column(String(200), default="")
     auto_release: Mapped[bool] = mapped_column(Boolean, default=False)
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"))
     # The node it last ran on (kept while stopped; node_id is the node holding it now): a

@@ -4,7 +4,7 @@ and a waiting instance's status message carries the policy's reason and estimate
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
@@ -32,7 +32,7 @@ def test_the_reconciler_applies_the_policys_decisions(
     with transaction(rt.sessions) as session:
         queue, _ = templates.restrict_queue(session, current_queue(session))
         now = utcnow()
-        state, _ = scheduler.cluster_state(session, queue, now)
+        state, _, _ = scheduler.cluster_state(session, queue, now)
         expected = schedule(state, now.timestamp(), scheduler.SERVER_POLICY)
     tick()
     started = {s.request_id for s in expected.starts}
@@ -86,57 +86,79 @@ def test_queue_places_follow_the_policy_not_arrival(
     assert places == {light: 1, early: 2, heavy: 3, spot: 4}
     with transaction(rt.sessions) as session:
         queued, _ = templates.restrict_queue(session, current_queue(session))
-        state, _ = scheduler.cluster_state(session, queued, utcnow())
+        state, _, _ = scheduler.cluster_state(session, queued, utcnow())
         decided = schedule(state, utcnow().timestamp(), scheduler.server_config(session))
     # the places the reconciler's own decisions give
     assert {i: decided.waiting[i].position for i in places} == places
 
 
-def test_estimates_use_declared_and_learned_durations(
-    ann: Caller, rt: Runtime, tick: Callable[[], None]
+def add_run(
+    rt: Runtime, instance_id: int, task: str | None, minutes: float | None, status: str
 ) -> None:
-    # a run of task "cats" that took 20 minutes, on an instance `gpulease run` named
-    first = int(
-        ann.post("/api/v1/instances", json={"gpu": "A100-80GB:2", "name": "cats-1a2b"}).json()["id"]
-    )
+    """A run of `task` on the instance: finished after `minutes` (None: not yet)."""
     with transaction(rt.sessions) as session:
-        row = session.get(Instance, first)
+        row = session.get(Instance, instance_id)
         assert row is not None
         start = utcnow() - timedelta(hours=2)
         session.add(
             Run(
-                instance_id=first,
+                instance_id=instance_id,
                 owner_id=row.owner_id,
                 command="python cats.py",
-                status="succeeded",
-                exit_code=0,
+                task_name=task,
+                status=status,
+                exit_code=0 if status == "succeeded" else None,
                 created_at=start,
-                started_at=start,
-                finished_at=start + timedelta(minutes=20),
+                started_at=start if minutes is not None else None,
+                finished_at=start + timedelta(minutes=minutes) if minutes is not None else None,
             )
         )
-    tick()  # cats-1a2b holds both A100s
-    r = ann.post("/api/v1/instances", json={"gpu": "A100-80GB:2", "name": "cats-3c4d"})
-    again = int(r.json()["id"])
+
+
+def test_estimates_use_declared_and_learned_durations(
+    ann: Caller, bob: Caller, rt: Runtime, tick: Callable[[], None]
+) -> None:
+    # ann's earlier runs of task "cats" took 10, 20 and 50 minutes (median 20); a failed
+    # one and bob's runs of a task of the same name do not count
+    past = create(ann, "T4:1")
+    for minutes in (10, 20, 50):
+        add_run(rt, past, "cats", minutes, "succeeded")
+    add_run(rt, past, "cats", 500, "failed")
+    add_run(rt, create(bob, "T4:1"), "cats", 300, "succeeded")
+    first = create(ann, "A100-80GB:2")
+    add_run(rt, first, "cats", None, "pending")
+    tick()  # first holds both A100s
+    again = create(ann, "A100-80GB:2")
+    add_run(rt, again, "cats", None, "pending")
     other = create(ann, "A100-80GB:2")
     with transaction(rt.sessions) as session:
         rows = list(session.scalars(select(Instance).where(Instance.id.in_([first, again, other]))))
         known = queue.durations(session, rows)
-    assert known[again].seconds == 20 * 60 and "learned from 1 earlier run of task cats" in (
-        known[again].basis
-    )
-    assert other not in known  # no task name, no declared runtime: unknown
+    assert known[again].seconds == 20 * 60 and not known[again].declared
+    assert known[again].basis == "learned from your last 3 runs of cats (median 20 min)"
+    assert other not in known  # no task, no declared duration: unknown
     # a declared maximum runtime beats what was learned
     r = ann.put(f"/api/v1/instances/{first}/autostop", json={"max_runtime_minutes": 45})
     assert r.status_code == 200, r.text
     tick()
     shown = ann.get(f"/api/v1/instances/{again}").json()
     assert shown["queue_position"] == 1
-    # cats-1a2b gives its GPUs back 45 min after it started; cats-3c4d is next
+    # first gives its GPUs back 45 min after it started; again is next
     assert "expected to start in about 45 min" in shown["status_message"], shown
-    assert "declared or learned durations of 1 of the 1 instances" in shown["status_message"]
-    # behind it: 45 min plus the 20 min cats-3c4d is expected to take
-    assert (
-        "expected to start in about 65 min"
-        in ann.get(f"/api/v1/instances/{other}").json()["status_message"]
+    assert shown["queue_reason"].startswith("needs 2 × A100-80GB on one node")
+    eta = datetime.fromisoformat(shown["queue_eta"])
+    assert abs((eta - utcnow()).total_seconds() - 45 * 60) < 120
+    assert shown["queue_eta_basis"] == (
+        "expected ends of 1 of the 1 instance holding A100-80GB (1 declared)"
     )
+    assert shown["duration_basis"] == "learned from your last 3 runs of cats (median 20 min)"
+    # behind it: 45 min plus the 20 min `again` is expected to take
+    behind = ann.get(f"/api/v1/instances/{other}").json()
+    assert "expected to start in about 65 min" in behind["status_message"]
+    assert behind["duration_basis"] == "no duration known"
+    assert behind["queue_eta_basis"].endswith("durations of 1 of the 1 request ahead (1 learned)")
+    assert ann.get(f"/api/v1/instances/{first}").json()["duration_basis"] == "declared 45 min"
+    # running, it has no queue fields
+    assert ann.get(f"/api/v1/instances/{first}").json()["queue_reason"] is None
+    # bob sees none of ann's instances, nor their reasons
+    assert bob.get(f"/api/v1/instances/{again}").status_code == 404

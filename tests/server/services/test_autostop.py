@@ -176,7 +176,14 @@ def test_max_runtime_stops_a_busy_instance(
     assert shown["max_runtime_minutes"] == 480 and shown["idle_minutes_effective"] is None
     ann.post(f"/api/v1/instances/{i}/runs", json={"command": "python train.py"})
     t0 = started_at(rt, i)
-    assert idle.tick(rt, now=t0 + timedelta(minutes=479)) == 0
+    assert idle.tick(rt, now=t0 + timedelta(minutes=474)) == 0
+    assert notes(rt, "runtime_warning") == []
+    # five minutes ahead the owner is told, once
+    for minute in (476, 479):
+        assert idle.tick(rt, now=t0 + timedelta(minutes=minute)) == 0
+    (warning,) = notes(rt, "runtime_warning")
+    stop_at = t0 + timedelta(minutes=480)
+    assert f"maximum runtime of 8 h at {stop_at:%H:%M} UTC" in warning
     assert idle.tick(rt, now=t0 + timedelta(minutes=480)) == 1
     status, _, reason = state(rt, i)
     assert status == "stopping" and "maximum runtime of 8 h" in reason

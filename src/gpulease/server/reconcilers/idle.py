@@ -1,5 +1,5 @@
-"""Stop instances that sat idle too long (warning their owners first) or ran past their
-maximum runtime. What counts as idle: services/instances/autostop."""
+"""Stop instances that sat idle too long or ran past their maximum runtime (their declared
+duration), warning their owners first. What counts as idle: services/instances/autostop."""
 
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ def tick(rt: Runtime, now: datetime | None = None) -> int:
         ).all():
             started = instance.started_at or now
             limit = instance.max_runtime_minutes
-            if limit is not None and now >= started + timedelta(minutes=limit):
+            if limit is not None and now < started + timedelta(minutes=limit):
+                _warn_runtime(session, instance, started, limit, now)
+            elif limit is not None:
                 reason = (
                     f"it reached its maximum runtime of {autostop.minutes_text(limit)}; "
                     "workspace kept"
@@ -54,6 +56,25 @@ def tick(rt: Runtime, now: datetime | None = None) -> int:
             if minutes is not None and _idle_step(session, instance, minutes, now):
                 stopped += 1
     return stopped
+
+
+def _warn_runtime(
+    session: Session, instance: Instance, started: datetime, limit: int, now: datetime
+) -> None:
+    """Tell the owner, once per start, a lead time before the maximum runtime stops it."""
+    stop_at = started + timedelta(minutes=limit)
+    if now < stop_at - autostop.warning_lead(limit):
+        return
+    notifications.notify_once(
+        session,
+        instance.owner_id,
+        "runtime_warning",
+        f"max-runtime-warning:{instance.id}:{started.isoformat()}",
+        f"instance {instance.name} reaches its maximum runtime of "
+        f"{autostop.minutes_text(limit)} at {stop_at:%H:%M} UTC and will be stopped then, "
+        f"workspace kept; to give it longer: `gpulease instance autostop {instance.name} "
+        "--max-runtime MINUTES`",
+    )
 
 
 def _idle_step(session: Session, instance: Instance, minutes: int, now: datetime) -> bool:

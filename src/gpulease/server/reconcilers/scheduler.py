@@ -6,19 +6,21 @@ instances that asked to start only when cheap wait outside the queue until an of
 window opens. A daily instance buys its block when it is placed. The spot instances the
 policy preempts stop with notice and grace (services/preemption.py); the request they make
 room for starts once they have given their GPUs back. Every request left waiting gets the
-policy's reason and estimated start in its status message.
+policy's reason, its estimated start and what that estimate rests on, as fields of its own
+and in its status message.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections import defaultdict
+from datetime import UTC, datetime
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import PaymentRequired
 from gpulease.scheduler.fifo import Placement, Request
-from gpulease.scheduler.model import ClusterState, Waiting
+from gpulease.scheduler.model import ClusterState, Running, Waiting
 from gpulease.scheduler.policy import schedule
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance
@@ -27,7 +29,13 @@ from gpulease.server.services import ledger, notifications, preemption, template
 from gpulease.server.services.billing import offpeak, plans
 from gpulease.server.services.instances import gangs
 from gpulease.server.services.instances.lifecycle import current_queue
-from gpulease.server.services.instances.queue import SERVER_POLICY, cluster_state, server_config
+from gpulease.server.services.instances.queue import (
+    NO_DURATION,
+    SERVER_POLICY,
+    Duration,
+    cluster_state,
+    server_config,
+)
 from gpulease.server.services.instances.states import QUEUED, STARTING, STOPPED, switch_status
 
 __all__ = ["SERVER_POLICY", "cluster_state", "server_config", "tick"]
@@ -52,7 +60,7 @@ def tick(rt: Runtime) -> int:
         if not queue:
             return placed
         now = utcnow()
-        state, free_ids = cluster_state(session, queue, now, grace)
+        state, free_ids, known = cluster_state(session, queue, now, grace)
         decisions = schedule(state, now.timestamp(), server_config(session))
         for victim_id in decisions.preempt:
             victim = session.get(Instance, victim_id)
@@ -99,36 +107,114 @@ def tick(rt: Runtime) -> int:
                 instance.node_id = placement.node_id
                 switch_status(session, instance, STARTING, "")
                 placed += 1
-        _explain(session, decisions.waiting, now, state)
+        _explain(session, decisions.waiting, now, state, known)
     return placed
 
 
 def _explain(
-    session: Session, waiting: dict[int, Waiting], now: datetime, state: ClusterState
+    session: Session,
+    waiting: dict[int, Waiting],
+    now: datetime,
+    state: ClusterState,
+    known: dict[int, Duration],
 ) -> None:
-    """Why each queued instance waits, and until about when (with what the estimate rests
-    on), in its status message."""
-    known = sum(1 for r in state.running if r.expected_end is not None)
-    basis = (
-        f"from the declared or learned durations of {known} of the {len(state.running)} "
-        "instances holding GPUs, and of those ahead"
-    )
+    """Why each queued instance waits, until about when and what the estimate rests on: as
+    fields of the instance and, together, in its status message."""
+    models = {r.id: r.model for r in state.queue}
+    holding: dict[str, list[Running]] = defaultdict(list)
+    for r in state.running:
+        holding[r.model].append(r)
+        holder = session.get(Instance, r.id)  # loaded already, by cluster_state
+        basis = known[r.id].basis if r.id in known else NO_DURATION
+        if holder is not None and holder.duration_basis != basis:
+            holder.duration_basis = basis
+    ahead: dict[str, list[int]] = defaultdict(list)  # per model, in the policy's order
+    for w in sorted(waiting.values(), key=lambda w: w.position):
+        ahead[models.get(w.request_id, "")].append(w.request_id)
     for instance_id, w in waiting.items():
         instance = session.get(Instance, instance_id)
         if instance is None or instance.status != QUEUED:
             continue
+        model = models.get(instance_id, "")
+        before = ahead[model][: ahead[model].index(instance_id)]
+        basis = eta_basis(model, holding[model], before, known)
+        eta = None
         if w.eta is None:
             when = "no start time can be estimated yet"
         else:
+            eta = datetime.fromtimestamp(w.eta, UTC)
             minutes = max(0, round((w.eta - now.timestamp()) / 60))
-            when = (
-                f"expected to start in about {minutes} min ({basis})"
-                if minutes
-                else "starting soon"
-            )
-        message = f"{w.reason}; {when}"[:500]
-        if instance.status_message != message:
-            instance.status_message = message
+            when = f"expected to start in about {minutes} min" if minutes else "starting soon"
+            if basis:
+                when += f", from the {basis}"
+        own = known.get(instance_id)
+        _set_queue_fields(
+            instance,
+            reason=w.reason,
+            eta=eta,
+            basis=basis,
+            duration=own.basis if own is not None else NO_DURATION,
+            message=f"{w.reason}; {when}",
+        )
+
+
+def eta_basis(
+    model: str, holding: list[Running], ahead: list[int], known: dict[int, Duration]
+) -> str:
+    """What an estimate rests on, in words that name nobody: 'expected ends of 3 of the 4
+    instances holding A100-80GB (2 declared, 1 learned); durations of 1 of the 2 requests
+    ahead (1 learned)'."""
+    parts = []
+    if holding:
+        ends = [r for r in holding if r.expected_end is not None]
+        parts.append(
+            f"expected ends of {len(ends)} of the {len(holding)} instance"
+            f"{'s' if len(holding) != 1 else ''} holding {model}"
+            + _kinds([known.get(r.id) for r in ends], len(ends))
+        )
+    if ahead:
+        durations = [known.get(i) for i in ahead]
+        n = sum(1 for d in durations if d is not None)
+        parts.append(
+            f"durations of {n} of the {len(ahead)} request{'s' if len(ahead) != 1 else ''} "
+            "ahead" + _kinds(durations, n)
+        )
+    return "; ".join(parts)
+
+
+def _kinds(durations: list[Duration | None], total: int) -> str:
+    declared = sum(1 for d in durations if d is not None and d.declared)
+    learned = sum(1 for d in durations if d is not None and not d.declared)
+    other = total - declared - learned  # a daily block's end, or a stop under way
+    words = [
+        f"{n} {what}"
+        for n, what in ((declared, "declared"), (learned, "learned"), (other, "ending now"))
+        if n
+    ]
+    return f" ({', '.join(words)})" if words else ""
+
+
+def _set_queue_fields(
+    instance: Instance,
+    *,
+    reason: str,
+    eta: datetime | None = None,
+    basis: str = "",
+    duration: str | None = None,
+    message: str | None = None,
+) -> None:
+    """Write the scheduler's word on a queued instance, touching only what changed."""
+    values = {
+        "queue_reason": reason[:500],
+        "queue_eta": eta,
+        "queue_eta_basis": basis[:500],
+        "status_message": (reason if message is None else message)[:500],
+    }
+    if duration is not None:
+        values["duration_basis"] = duration[:200]
+    for key, value in values.items():
+        if getattr(instance, key) != value:
+            setattr(instance, key, value)
 
 
 def _await_reclaim(
@@ -140,12 +226,11 @@ def _await_reclaim(
     if instance is None or instance.status != QUEUED:
         return
     n = len(reclaiming.get(instance_id, ())) or 1
-    message = (
+    reason = (
         f"next to start: waiting for {n} instance{'s' if n != 1 else ''} to give back "
         f"their GPUs (a preempted spot instance gets {grace_s:.0f} s to checkpoint)"
     )
-    if instance.status_message != message:
-        instance.status_message = message
+    _set_queue_fields(instance, reason=reason)
 
 
 def _eligible(session: Session, queue: list[Request]) -> list[Request]:
@@ -163,7 +248,7 @@ def _eligible(session: Session, queue: list[Request]) -> list[Request]:
     for instance_id in waiting:
         instance = session.get(Instance, instance_id)
         assert instance is not None
-        instance.status_message = "" if cheap else WAITING_FOR_CHEAP
+        _set_queue_fields(instance, reason="" if cheap else WAITING_FOR_CHEAP)
     return queue if cheap else [r for r in queue if r.instance_id not in waiting]
 
 

@@ -21,6 +21,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
         "instance_stopped_credit",
         "instance_released",
         "idle_warning",
+        "runtime_warning",
         "release_warning",
         "daily_block_ended",
         "schedule_failed",

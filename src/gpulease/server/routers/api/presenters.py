@@ -27,6 +27,7 @@ def instance_public(
         workspace_saved_at=instance.workspace_snapshot_at,
         hourly=format_credits(instance.hourly_micro, catalog.currency_symbol),
         queue_position=positions.get(instance.id),
+        **queue_fields(instance),
         team=team.name if (team := instance.team) is not None else None,
         datasets={
             row.name: row.version
@@ -37,6 +38,17 @@ def instance_public(
             )
         },
     )
+
+
+def queue_fields(instance: Instance) -> dict[str, object]:
+    """The scheduler's word, for a queued instance only (a stale one is not shown)."""
+    queued = instance.status == "queued"
+    return {
+        "queue_reason": instance.queue_reason or None if queued else None,
+        "queue_eta": instance.queue_eta if queued else None,
+        "queue_eta_basis": instance.queue_eta_basis or None if queued else None,
+        "duration_basis": instance.duration_basis or None,
+    }
 
 
 def balance_public(micro: int, catalog: Catalog) -> Balance:

@@ -3,14 +3,14 @@ queued instance's place, reason and estimated start, from the very decisions the
 reconciler applies (reconcilers/scheduler.py).
 
 Durations, which backfill and the estimates need, come from what the owner declared (the
-instance's maximum runtime, `gpulease instance autostop --max-runtime`) or else what the
-platform learned from the owner's earlier runs of the same task: instances that
-`gpulease run` named after the same task name (the name less its random suffix).
+instance's maximum runtime: `--max-duration 2h`, a task's `max_duration:`, `gpulease instance
+autostop --max-runtime`) or else what the platform learned from the owner's earlier runs of
+the same task (runs carry their task file's `name:`): the median of the newest few.
 """
 
 from __future__ import annotations
 
-import re
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from gpulease.core.durations import span
 from gpulease.scheduler.fifo import Request
 from gpulease.scheduler.model import ClusterState, Config, FairShare, Running, RunningSet
 from gpulease.scheduler.model import Request as PolicyRequest
@@ -33,15 +34,15 @@ from gpulease.server.services.instances.states import QUEUED, STOPPING
 # Priority classes, fair share, EASY backfill, quotas and spot preemption; the quotas are
 # the admins' (services/quotas.py), read every tick (server_config).
 SERVER_POLICY = Config(policy="default")
-# `gpulease run` names an instance after its task: the task's slug, "-", 4 hex digits.
-TASK_SUFFIX = re.compile(r"^(?P<task>[a-z][a-z0-9-]*)-[0-9a-f]{4}$")
 LEARNED_RUNS = 10  # the owner's newest finished runs of a task that a learned duration uses
+NO_DURATION = "no duration known"
 
 
 @dataclass(frozen=True)
 class Duration:
     seconds: float
-    basis: str  # in words: "declared maximum runtime", "learned from 3 earlier runs of …"
+    basis: str  # in words: "declared 2 h", "learned from your last 5 runs of train"
+    declared: bool
 
 
 def server_config(session: Session) -> Config:
@@ -50,23 +51,22 @@ def server_config(session: Session) -> Config:
     return replace(SERVER_POLICY, user_quota=caps.users, team_quota=caps.teams)
 
 
-def task_of(name: str) -> str | None:
-    """The task an instance was named after by `gpulease run`, or None."""
-    match = TASK_SUFFIX.match(name)
-    return match.group("task") if match else None
-
-
 def durations(session: Session, instances: Iterable[Instance]) -> dict[int, Duration]:
     """How long each instance will hold its GPUs, where something says so: its declared
-    maximum runtime, else the mean of its owner's newest finished runs of the same task."""
+    maximum runtime, else the median of its owner's newest finished runs of the same task
+    (the task of the instance's newest run)."""
     out: dict[int, Duration] = {}
-    wanted: dict[tuple[int, str], list[int]] = defaultdict(list)
+    undeclared: list[Instance] = []
     for instance in instances:
         if instance.max_runtime_minutes:
-            out[instance.id] = Duration(
-                instance.max_runtime_minutes * 60.0, "its declared maximum runtime"
-            )
-        elif (task := task_of(instance.name)) is not None:
+            seconds = instance.max_runtime_minutes * 60.0
+            out[instance.id] = Duration(seconds, f"declared {span(int(seconds))}", True)
+        else:
+            undeclared.append(instance)
+    tasks = _tasks(session, [i.id for i in undeclared])
+    wanted: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for instance in undeclared:
+        if (task := tasks.get(instance.id)) is not None:
             wanted[(instance.owner_id, task)].append(instance.id)
     for (owner_id, task), ids in wanted.items():
         learned = _learned(session, owner_id, task)
@@ -76,39 +76,53 @@ def durations(session: Session, instances: Iterable[Instance]) -> dict[int, Dura
     return out
 
 
+def _tasks(session: Session, instance_ids: list[int]) -> dict[int, str]:
+    """The task name of each instance's newest run that has one."""
+    out: dict[int, str] = {}
+    if not instance_ids:
+        return out
+    for instance_id, task in session.execute(
+        select(Run.instance_id, Run.task_name)
+        .where(Run.instance_id.in_(instance_ids), Run.task_name.is_not(None))
+        .order_by(Run.id)
+    ):
+        if task is not None:
+            out[instance_id] = task  # the newest wins
+    return out
+
+
 def _learned(session: Session, owner_id: int, task: str) -> Duration | None:
     rows = session.execute(
-        select(Instance.name, Run.started_at, Run.finished_at)
-        .join(Run, Run.instance_id == Instance.id)
+        select(Run.started_at, Run.finished_at)
         .where(
-            Instance.owner_id == owner_id,
-            Instance.name.like(f"{task}-%"),
+            Run.owner_id == owner_id,
+            Run.task_name == task,
             Run.status == "succeeded",
             Run.started_at.is_not(None),
             Run.finished_at.is_not(None),
         )
-        .order_by(Run.finished_at.desc())
-        .limit(LEARNED_RUNS * 4)
+        .order_by(Run.finished_at.desc(), Run.id.desc())
+        .limit(LEARNED_RUNS)
     ).all()
     seconds = [
         (finished - started).total_seconds()
-        for name, started, finished in rows
-        if task_of(name) == task and started is not None and finished is not None
-    ][:LEARNED_RUNS]
+        for started, finished in rows
+        if started is not None and finished is not None
+    ]
     if not seconds:
         return None
-    mean = sum(seconds) / len(seconds)
-    runs = f"{len(seconds)} earlier run{'s' if len(seconds) != 1 else ''}"
-    return Duration(mean, f"learned from {runs} of task {task} (mean {mean / 60:.0f} min)")
+    median = statistics.median(seconds)
+    runs = f"your last {len(seconds)} runs" if len(seconds) != 1 else "your last run"
+    return Duration(median, f"learned from {runs} of {task} (median {span(int(median))})", False)
 
 
 def cluster_state(
     session: Session, queue: list[Request], now: datetime, grace_s: float = 0.0
-) -> tuple[ClusterState, dict[tuple[int, str], list[int]]]:
+) -> tuple[ClusterState, dict[tuple[int, str], list[int]], dict[int, Duration]]:
     """What the policy sees: free GPUs on ready nodes, instances holding GPUs (a stopping
     one gives them back within `grace_s` of its stop), the queue with its durations, and
     each owner's recent GPU-seconds; plus the free GPU ids per (node, model), lowest index
-    first, to hand out when a request starts there."""
+    first, to hand out when a request starts there; and the durations known, by instance id."""
     free = FreeMap()
     free_ids: dict[tuple[int, str], list[int]] = defaultdict(list)
     for gpu in session.scalars(
@@ -166,7 +180,8 @@ def cluster_state(
         )
     requests = _requests(queue, rows, known)
     node_ids = list(session.scalars(select(Node.id).where(Node.status == "ready")))
-    return ClusterState(free, running, requests, _usage(session, now), node_ids), free_ids
+    state = ClusterState(free, running, requests, _usage(session, now), node_ids)
+    return state, free_ids, known
 
 
 def _expected_end(
