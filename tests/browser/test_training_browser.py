@@ -258,7 +258,9 @@ class OneRealH100:
 
 def test_gpu_charts_draw_the_readings_and_grow_live(tmp_path: Path, browser: Browser) -> None:
     """In-process server on a fake backend whose host has one real H100 (through the NVML
-    seam); the test plays the runner and posts its GPU readings."""
+    seam); the test plays the runner and posts its GPU readings. The page is opened while
+    the instance is still queued: its GPU card and charts come with the page's live
+    updates once it holds the GPU, without a reload."""
     settings = Settings(home=tmp_path / "home", simulated_gpus="", admin_password="admin-pw-12")
     backend = FakeBackend()
     rt = build_runtime(settings, backend, nvml=OneRealH100())  # type: ignore[arg-type]
@@ -273,6 +275,14 @@ def test_gpu_charts_draw_the_readings_and_grow_live(tmp_path: Path, browser: Bro
                 headers=token,
             )
             assert r.status_code == 201, r.text
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            page = context.new_page()
+            problems = page_problems(page)
+            log_in(page, url, "ann", PASSWORD)
+            page.goto(url + "/instances/real")
+            expect(page.locator("#gpus")).to_contain_text("No GPUs held right now")
+            page.evaluate("window.__sameDocument = true")
+
             run_once(rt)
             handle = backend.handle_for(r.json()["id"])
             assert handle is not None
@@ -294,16 +304,19 @@ def test_gpu_charts_draw_the_readings_and_grow_live(tmp_path: Path, browser: Bro
 
             reading(20, 10.0)
             reading(10, 55.0)
-            context = browser.new_context(viewport={"width": 1280, "height": 900})
-            page = context.new_page()
-            problems = page_problems(page)
-            log_in(page, url, "ann", PASSWORD)
-            page.goto(url + "/instances/real")
             chart = "gpu:GPU-h100-0:util_pct"
             count = f"(window.gpuleaseCharts['{chart}'] || {{data: [[]]}}).data[0].length"
             page.wait_for_function(f"() => {count} === 2")
+            page.evaluate("document.getElementById('gpus').dataset.drawn = 'once'")
             reading(0, 93.0)  # a new reading arrives over the GPU event stream
             page.wait_for_function(f"() => {count} === 3")
+            # later live updates keep the card (and its charts) while it holds the same GPU
+            page.evaluate(
+                "() => new Promise((done) =>"
+                " document.addEventListener('live:updated', done, {once: true}))"
+            )
+            assert page.evaluate("document.getElementById('gpus').dataset.drawn") == "once"
+            assert page.evaluate("window.__sameDocument") is True, "the instance page reloaded"
             assert page.evaluate(f"window.gpuleaseCharts['{chart}'].data[1]") == [10, 55, 93]
             for metric in ("memory_used_mb", "power_w", "temperature_c"):
                 name = f"gpu:GPU-h100-0:{metric}"

@@ -70,14 +70,25 @@
       box
     );
     box.dataset.points = "0";
+    this.name = opts.name;
     if (opts.name) registry[opts.name] = this.plot;
+    this.observer = null;
     if (window.ResizeObserver) {
-      new ResizeObserver(() => {
+      this.observer = new ResizeObserver(() => {
         const width = Math.max(box.clientWidth, 200);
         if (width !== this.plot.width) this.plot.setSize({ width: width, height: this.plot.height });
-      }).observe(box);
+      });
+      this.observer.observe(box);
     }
   }
+
+  // The chart is no longer shown (its box was replaced): stop following the box's size.
+  Chart.prototype.destroy = function () {
+    if (this.observer) this.observer.disconnect();
+    this.pending = null;
+    if (this.name && registry[this.name] === this.plot) delete registry[this.name];
+    this.plot.destroy();
+  };
 
   // New data ([x, y1, y2, ...]); drawn on the next animation frame, once however often set.
   Chart.prototype.set = function (data) {
@@ -87,6 +98,7 @@
     const draw = () => {
       const next = this.pending;
       this.pending = null;
+      if (next === null) return; // destroyed meanwhile
       this.plot.setData(next);
       this.box.dataset.points = String(next[0].length);
     };

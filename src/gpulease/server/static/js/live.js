@@ -1,8 +1,10 @@
 // Live regions. The element with data-live-src is refreshed every data-live-every ms: the
 // server answers with HTML fragments, and each fragment that has an id and data-live replaces
-// the element with that id. After each refresh, "live:updated" fires on the document. A page
-// whose subject has finished (a run that exited) carries data-live-final on a live element:
-// the badge then says so and the polling stops.
+// the element with that id. An element whose insides the page's scripts draw (charts) has a
+// data-live-key saying what it shows: it is replaced only when that key changes. After each
+// refresh, "live:updated" fires on the document. A page whose subject has finished (a run
+// that exited) carries data-live-final on a live element: the badge then says so and the
+// polling stops.
 (function () {
   "use strict";
   const root = document.querySelector("[data-live-src]");
@@ -17,7 +19,10 @@
     template.innerHTML = html;
     for (const fresh of template.content.querySelectorAll("[data-live][id]")) {
       const current = document.getElementById(fresh.id);
-      if (current && current.outerHTML !== fresh.outerHTML) current.replaceWith(fresh);
+      if (!current) continue;
+      const key = fresh.dataset.liveKey;
+      const changed = key === undefined ? current.outerHTML !== fresh.outerHTML : current.dataset.liveKey !== key;
+      if (changed) current.replaceWith(fresh);
     }
   }
 
