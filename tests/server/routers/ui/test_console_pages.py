@@ -321,13 +321,19 @@ def test_start_a_run_from_the_instance_page(
     match = re.fullmatch(r"/runs/(\d+)", r.headers["location"])
     assert match is not None
     assert [c["id"] for c in runner.commands()] == [int(match.group(1))]
+    # the box takes a script of several lines, run as typed
+    script = "pip list\r\npython train.py --epochs 2"
+    r = client.post(f"/instances/{instance_id}/runs", data={"command": script}, headers=SAME_ORIGIN)
+    assert r.status_code == 303
+    multi = ann.get("/api/v1" + r.headers["location"]).json()
+    assert multi["command"] == "pip list\npython train.py --epochs 2"
     r = client.post(f"/instances/{instance_id}/runs", data={"command": "  "}, headers=SAME_ORIGIN)
     assert r.status_code == 422 and "the command is empty" in r.text
     r = logged_in("bob").post(
         f"/instances/{instance_id}/runs", data={"command": "rm -rf /"}, headers=SAME_ORIGIN
     )
     assert r.status_code == 404
-    assert len(ann.get("/api/v1/runs").json()) == 1
+    assert len(ann.get("/api/v1/runs").json()) == 2
 
 
 def test_run_page_for_its_owner_and_404_for_anyone_else(

@@ -201,10 +201,13 @@ def release(ref: str, console: FormViewer) -> Response:
 
 @router.post("/instances/{ref}/runs")
 def start_run(ref: str, console: FormViewer, command: FormText = "") -> Response:
-    """Start a command in the instance (as `gpulease exec`), then go to the run's page."""
+    """Start a command in the instance (as `gpulease exec`), then go to the run's page. The
+    box's lines come as a browser sends a textarea, ended by CR LF: the script gets LF, or
+    bash would read each line's command with a stray CR."""
+    script = command.replace("\r\n", "\n")
 
     def action(instance: Instance) -> str:
-        run = runs.create_run(console.session, instance, command, {})
+        run = runs.create_run(console.session, instance, script, {})
         console.after(console.request.app.state.signals.runs.fire)
         return f"/runs/{run.id}"
 
