@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from factories import Caller, make_settings
+from factories import Caller, RunnerDouble, make_settings
 from gpulease.backends.base import RunnerSpec
 from gpulease.backends.fake import FakeBackend
 from gpulease.core.catalog import default_pricing_text
@@ -56,3 +56,26 @@ def test_the_share_of_each_kind_of_instance(
     cpu_only = launched(ann, tick, backend, None)
     assert cpu_only.vcpus == min(2.0, cores) and cpu_only.memory_bytes is not None
     assert cpu_only.memory_bytes <= 8 * GB
+
+
+def test_a_resize_gives_the_next_start_the_new_share(
+    ann: Caller,
+    tick: Callable[[], None],
+    backend: FakeBackend,
+    runner_for: Callable[[int], RunnerDouble],
+) -> None:
+    first = launched(ann, tick, backend, "A100-80GB:2")
+    assert (first.vcpus, first.memory_bytes) == (1.0, 3 * GB)
+    runner_for(first.instance_id).ready()
+    ann.post(f"/api/v1/instances/{first.instance_id}/stop")
+    runner_for(first.instance_id).stopped()
+    tick()
+    body = {"gpu_model": "A100-80GB", "gpu_count": 1}
+    resized = ann.post(f"/api/v1/instances/{first.instance_id}/resize", json=body)
+    assert resized.status_code == 200, resized.text
+    assert ann.post(f"/api/v1/instances/{first.instance_id}/start").status_code == 200
+    tick()
+    handle = backend.handle_for(first.instance_id)
+    assert handle is not None
+    again = backend.runners[handle].spec
+    assert (again.vcpus, again.memory_bytes) == (0.5, int(1.5 * GB))
