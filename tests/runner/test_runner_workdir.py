@@ -7,8 +7,10 @@ import os
 import tarfile
 from pathlib import Path
 
+import httpx
 import pytest
 
+from gpulease.runner.agent import _server_says
 from gpulease.runner.workdir import UnsafeArchive, extract_workdir
 
 
@@ -103,3 +105,12 @@ def test_a_broken_archive_is_explained(tmp_path: Path) -> None:
 
     with pytest.raises(UnsafeArchive, match="cannot be read"):
         extract_workdir(archive, tmp_path / "ws")
+
+
+def test_a_refused_fetch_says_the_servers_reason() -> None:
+    gone = httpx.Response(410, json={"detail": "the workdir … is no longer on the server"})
+    assert _server_says(gone) == "the workdir … is no longer on the server"
+    assert _server_says(httpx.Response(502, text="<html>bad gateway")) == "<html>bad gateway"
+    assert (
+        _server_says(httpx.Response(400, json=["not", "an", "object"])) == '["not","an","object"]'
+    )

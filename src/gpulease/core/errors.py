@@ -33,6 +33,12 @@ class Conflict(GpuleaseError):
     status = 409
 
 
+class Gone(GpuleaseError):
+    """410: what was asked for existed and is no longer there."""
+
+    status = 410
+
+
 class PaymentRequired(GpuleaseError):
     status = 402
 

@@ -268,7 +268,8 @@ class Agent:
             elif response.status_code != 204:
                 self._check_stop()
                 raise UnsafeArchive(
-                    f"the workdir could not be fetched: HTTP {response.status_code}"
+                    f"the workdir could not be fetched: HTTP {response.status_code}: "
+                    + _server_says(response)
                 )
         finally:
             archive.unlink(missing_ok=True)
@@ -577,6 +578,15 @@ def _answer(response: httpx.Response, model: type[_M]) -> _M | None:
     except ValidationError as exc:
         log.error("ignoring a malformed answer to %s: %s", response.request.url.path, exc)
         return None
+
+
+def _server_says(response: httpx.Response) -> str:
+    """The `detail` of the server's refusal, else the start of its body."""
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return str(detail)[:500] if detail else response.text[:500]
 
 
 def serve(spec: RunnerSpec) -> int:

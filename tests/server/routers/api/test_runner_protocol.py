@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from factories import Caller, RunnerDouble, make_running_instance
+from gpulease.server.db import transaction
+from gpulease.server.orm import Instance
+from gpulease.server.runtime import Runtime
 
 
 def test_run_logs_and_exit_code(
@@ -118,6 +122,31 @@ def test_workdir_upload_reaches_the_runner(
     runner = runner_for(instance_id)
     got = runner.call("GET", "/workdir")
     assert got.status_code == 200 and got.content == b"\x1f\x8bdata"
+
+
+def test_a_vanished_workdir_upload_is_a_410_and_other_runners_never_get_it(
+    ann: Caller,
+    bob: Caller,
+    rt: Runtime,
+    tick: Callable[[], None],
+    runner_for: Callable[[int], RunnerDouble],
+) -> None:
+    instance_id = ann.post("/api/v1/instances", json={"gpu": "T4:1"}).json()["id"]
+    assert (
+        ann.put(f"/api/v1/instances/{instance_id}/workdir", content=b"\x1f\x8b..").status_code
+        == 204
+    )
+    bobs_id = bob.post("/api/v1/instances", json={"gpu": "A100-80GB:1"}).json()["id"]
+    tick()
+    assert runner_for(bobs_id).call("GET", "/workdir").status_code == 204  # not ann's
+    with transaction(rt.sessions) as session:
+        upload = session.get(Instance, instance_id).workdir_upload  # type: ignore[union-attr]
+    assert upload is not None
+    Path(upload).unlink()  # deleted from the uploads folder, the runner token still valid
+    got = runner_for(instance_id).call("GET", "/workdir")
+    assert got.status_code == 410
+    assert "is no longer on the server" in got.json()["detail"]
+    assert "run the task again" in got.json()["detail"]
 
 
 def test_log_stream_sends_chunks_then_end(

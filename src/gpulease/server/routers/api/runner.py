@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from gpulease.core.errors import Gone
 from gpulease.schemas.runner import (
     RUNNER_API,
     RunnerAction,
@@ -163,13 +166,30 @@ def run_exit(run_id: int, body: RunnerExit, request: Request) -> Response:
 
 
 @router.get("/workdir", response_model=None)
-def workdir(request: Request) -> Response | FileResponse:
+def workdir(request: Request) -> Response:
+    """The instance's uploaded workdir archive (200), none (204), or 410 when its file is no
+    longer in the server's uploads folder."""
     with tx(request) as session:
         instance = runners.instance_for_token(session, runner_token(request))
-        upload = instance.workdir_upload
+        upload, name = instance.workdir_upload, instance.name
     if not upload:
         return Response(status_code=204)
-    return FileResponse(upload, media_type="application/gzip")
+    try:  # held open while it is sent: the file may be deleted meanwhile
+        archive = open(upload, "rb")  # noqa: SIM115 (_chunks closes it once sent)
+        size = os.fstat(archive.fileno()).st_size
+    except OSError as exc:
+        raise Gone(
+            f"the workdir uploaded for instance {name} is no longer on the server "
+            f"({exc.strerror}); release the instance and run the task again"
+        ) from None
+    headers = {"Content-Length": str(size)}
+    return StreamingResponse(_chunks(archive), media_type="application/gzip", headers=headers)
+
+
+def _chunks(archive: BinaryIO) -> Iterator[bytes]:
+    with archive:
+        while block := archive.read(1024 * 1024):
+            yield block
 
 
 @router.post("/stopped", status_code=204)
