@@ -250,6 +250,9 @@ def test_instance_page_for_its_owner_and_404_for_anyone_else(
         assert 'action="/instances/' in page.text and "/stop" in page.text
     live = client.get(f"/partials/instances/{instance_id}")
     assert live.status_code == 200 and 'id="instance-status" data-live' in live.text
+    # the GPU card too, keyed by the GPUs it holds (live.js swaps it in when they change)
+    assert 'id="gpus" data-live data-live-key="1:' in live.text
+    assert "simulated, no readings" in live.text
 
     bobs = logged_in("bob")
     for url in (
