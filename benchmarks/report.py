@@ -28,6 +28,7 @@ BENCHMARKS = (
     "stop_latency",
     "runner_overhead",
     "scheduler_tick",
+    "auth_limits",
     "ray_launch_latency",
 )
 

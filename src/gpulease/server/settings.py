@@ -136,13 +136,15 @@ class Settings(BaseSettings):
     # browsers, so the default works for a server on this machine.
     jupyter_domain: str = "jupyter.localhost"
 
-    # Guessing: failed logins per account and per client address, registrations and bad
-    # bearer tokens per address, within a sliding window (counted in this process).
+    # Guessing: failed logins per account and per client address, registrations per address,
+    # wrong bearer tokens per address and per token they begin like, within a sliding
+    # window (counted in the database, shared by every replica).
     auth_window_s: int = Field(default=900, ge=1)
     login_failures_per_account: int = Field(default=10, ge=1)
     login_failures_per_address: int = Field(default=30, ge=1)
     registrations_per_address: int = Field(default=10, ge=1)
     token_failures_per_address: int = Field(default=30, ge=1)
+    token_failures_per_token: int = Field(default=10, ge=1)
 
     @model_validator(mode="after")
     def _enforce_safe_defaults(self) -> Settings:

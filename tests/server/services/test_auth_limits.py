@@ -6,14 +6,29 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
+import httpx
 import pytest
+from sqlalchemy import func, select
 from starlette.testclient import TestClient
 
 from factories import Caller, make_user
+from gpulease.backends.fake import FakeBackend
+from gpulease.server.app import create_app
+from gpulease.server.db import transaction
+from gpulease.server.orm import AuthAttempt
 from gpulease.server.routers.deps import SESSION_COOKIE
-from gpulease.server.runtime import Runtime
-from gpulease.server.services.ratelimit import AuthGuard, SlidingWindow, address_key
+from gpulease.server.runtime import Runtime, build_runtime
+from gpulease.server.services import ratelimit
+from gpulease.server.services.ratelimit import (
+    REGISTER,
+    AuthGuard,
+    SlidingWindow,
+    address_key,
+    token_name,
+)
+from gpulease.server.settings import Settings
 
 WINDOW = 900  # the default GPULEASE_AUTH_WINDOW_S
 PASSWORD = "password-123"  # make_user's
@@ -29,7 +44,7 @@ class Clock:
 
 def injected_clock(http: TestClient, rt: Runtime) -> Clock:
     clock = Clock()
-    http.app.state.auth_guard = AuthGuard(rt.settings, clock=clock)  # type: ignore[attr-defined]
+    http.app.state.auth_guard = AuthGuard(rt.settings, rt.sessions, clock=clock)  # type: ignore[attr-defined]
     return clock
 
 
@@ -62,7 +77,7 @@ def test_one_address_guessing_many_accounts_is_limited(
 ) -> None:
     clock = injected_clock(http, rt)
     rt.settings.login_failures_per_address = 5
-    http.app.state.auth_guard = AuthGuard(rt.settings, clock=clock)  # type: ignore[attr-defined]
+    http.app.state.auth_guard = AuthGuard(rt.settings, rt.sessions, clock=clock)  # type: ignore[attr-defined]
     for i in range(5):
         assert login(http, f"user{i}", "guess-guess")[0] == 401
     status, headers, detail = login(http, "ann", PASSWORD)
@@ -136,18 +151,134 @@ def test_a_token_minted_with_the_cookie_needs_the_password(http: TestClient, ann
     assert [t["name"] for t in ann.get("/api/v1/tokens").json()] == ["registration", "mine", "ci"]
 
 
-def test_sliding_window_forgets_events_one_by_one() -> None:
+def test_sliding_window_forgets_attempts_one_by_one(rt: Runtime) -> None:
     clock = Clock(now=0.0)
-    window = SlidingWindow(limit=2, window_s=10, clock=clock)
-    window.hit("k")
+    guard = AuthGuard(rt.settings, rt.sessions, clock=clock)
+    window = SlidingWindow(REGISTER, AuthAttempt.address_key, limit=2, window=timedelta(seconds=10))
+
+    def retry_after(key: str) -> float | None:
+        with transaction(rt.sessions) as session:
+            return window.retry_after(session, key, guard.now())
+
+    guard.registered("198.51.100.7")
     clock.now = 4
-    window.hit("k")
-    assert window.retry_after("k") == 6
-    clock.now = 10  # the first hit is out; one is left
-    assert window.retry_after("k") is None
-    window.hit("k")
-    assert window.retry_after("k") == 4  # until the hit at 4 leaves
-    assert window.retry_after("other") is None
+    guard.registered("198.51.100.7")
+    assert retry_after("198.51.100.7") == 6
+    clock.now = 10  # the first one is out; one is left
+    assert retry_after("198.51.100.7") is None
+    guard.registered("198.51.100.7")
+    assert retry_after("198.51.100.7") == 4  # until the one at 4 leaves
+    assert retry_after("198.51.100.8") is None
+
+
+def test_replicas_share_the_counts(
+    http: TestClient, rt: Runtime, settings: Settings, ann: Caller
+) -> None:
+    """Two server processes on one database: what one counted, the other refuses."""
+    clock = injected_clock(http, rt)
+    other_rt = build_runtime(settings, FakeBackend())
+    try:
+        other_app = create_app(settings, runtime=other_rt, reconcilers=False)
+        other_app.state.auth_guard = AuthGuard(settings, other_rt.sessions, clock=clock)
+        with TestClient(other_app) as other:
+            for _ in range(rt.settings.login_failures_per_account):
+                assert login(http, "ann", "wrong-guess-1")[0] == 401
+            status, headers, detail = login(other, "ann", PASSWORD)
+            assert status == 429 and "failed logins for 'ann'" in detail
+            assert int(headers["retry-after"]) == WINDOW
+            for i in range(rt.settings.token_failures_per_address):
+                r = other.get("/api/v1/me", headers={"Authorization": f"Bearer glp_guess{i}"})
+                assert r.status_code == 401
+            r = http.get("/api/v1/me", headers=ann.headers)
+            assert r.status_code == 429 and "invalid token from your address" in r.json()["detail"]
+            clock.now += WINDOW
+            assert login(other, "ann", PASSWORD)[0] == 200
+            assert http.get("/api/v1/me", headers=ann.headers).status_code == 200
+    finally:
+        other_rt.engine.dispose()
+
+
+def test_guessing_one_token_from_many_addresses_is_limited(
+    http: TestClient, rt: Runtime, ann: Caller
+) -> None:
+    clock = injected_clock(http, rt)
+    laptop = ann.post("/api/v1/tokens", json={"name": "laptop"}).json()["token"]
+    name = token_name(laptop)
+    assert name == laptop[:10] and name.startswith("glp_")
+    limit = rt.settings.token_failures_per_token
+
+    def me(address: str, token: str) -> httpx.Response:
+        client = TestClient(http.app, client=(address, 4000))
+        return client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"})
+
+    for i in range(limit):  # each from an address of its own, far below its own limit
+        assert me(f"198.51.100.{i + 1}", f"{name}{'x' * 30}{i}").status_code == 401
+        clock.now += 1
+    r = me("203.0.113.9", laptop)  # a fresh address, the right token: it waits too
+    assert r.status_code == 429
+    assert "invalid token that begins like this one" in r.json()["detail"]
+    assert int(r.headers["retry-after"]) == WINDOW - limit
+    assert ann.get("/api/v1/me").status_code == 200  # ann's other tokens are not held up
+    # tokens that begin like no token of the database are counted per address only
+    for i in range(limit + 1):
+        assert me(f"192.0.2.{i + 1}", f"glp_nosuch{'y' * 30}{i}").status_code == 401
+    clock.now += WINDOW - limit
+    assert me("203.0.113.9", laptop).status_code == 200
+
+
+def test_odd_bearer_headers_get_a_401(http: TestClient, rt: Runtime) -> None:
+    injected_clock(http, rt)
+    for token in ("glp_", "glp_" + "z" * 5000, "x", "glp_\u00e9t\u00e9-and-more-characters"):
+        r = http.get("/api/v1/me", headers={"Authorization": f"Bearer {token}".encode()})
+        assert r.status_code == 401, (token[:20], r.text)
+    long_address = TestClient(http.app, client=("a" * 300, 4000))
+    assert long_address.get("/api/v1/me", headers={"Authorization": "Bearer q"}).status_code == 401
+
+
+def test_old_attempts_are_pruned_but_the_latest_failed_logins_stay(
+    http: TestClient, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ratelimit, "FAILED_LOGINS_KEPT", 2)
+    clock = injected_clock(http, rt)
+    for i in range(3):
+        login(http, f"user{i}", "wrong-guess-1")
+        http.get("/api/v1/me", headers={"Authorization": f"Bearer glp_guess{i}"})
+        clock.now += 1
+    assert attempts(rt) == {"login": 3, "token": 3}
+    clock.now += WINDOW
+    http.get("/api/v1/me", headers={"Authorization": "Bearer glp_guess-later"})
+    assert attempts(rt) == {"login": 2, "token": 1}
+    guard = http.app.state.auth_guard  # type: ignore[attr-defined]
+    with transaction(rt.sessions) as session:
+        assert [f.name for f in guard.failed_logins(session)] == ["user2", "user1"]
+
+
+def test_refused_logins_are_noted_once_a_minute_per_address(
+    http: TestClient, rt: Runtime, admin: Caller
+) -> None:
+    clock = injected_clock(http, rt)
+    for _ in range(rt.settings.login_failures_per_account):
+        login(http, "ann", "wrong-guess-1")
+    for _ in range(5):
+        assert login(http, "ann", "wrong-guess-2")[0] == 429
+        clock.now += 10
+    assert attempts(rt)["login-refused"] == 1
+    clock.now += 20
+    assert login(http, "ann", "wrong-guess-3")[0] == 429
+    seen = admin.get("/api/v1/admin/failed-logins").json()
+    assert [f["reason"] for f in seen[:3]] == [
+        "rate limited",
+        "rate limited",
+        "wrong name or password",
+    ]
+
+
+def attempts(rt: Runtime) -> dict[str, int]:
+    with transaction(rt.sessions) as session:
+        rows = session.execute(
+            select(AuthAttempt.kind, func.count()).group_by(AuthAttempt.kind)
+        ).all()
+    return dict(rows)
 
 
 def test_one_ipv6_64_is_one_address(http: TestClient, rt: Runtime, ann: Caller) -> None:

@@ -1,12 +1,15 @@
 """Guessing resistance: sliding-window limits on failed logins (per account and per client
-address), registrations and bad bearer tokens (per address), and the failed logins an admin
-can read.
+address), registrations (per address) and wrong bearer tokens (per address and per token
+they began like), and the failed logins an admin can read.
+
+The counts are rows of `auth_attempts`, so every process and replica of the server shares
+them and a restart forgets nothing. Only attempts are written, never refusals (a refused
+login leaves at most one row per address a minute, for the admin): a guesser past a limit
+costs the database reads, not writes. Each write prunes the rows that left the window,
+keeping the latest failed logins for the admin.
 
 An address is counted by its network where one holder has many: an IPv6 address by its /64
-(one host's share, in the usual assignment), an IPv4-mapped one as the IPv4 address. Counts
-live in this process (one AuthGuard per app), on purpose (docs/sandbox.md, "Guessing
-limits"): each replica of a multi-replica server counts on its own, and a restart forgets
-the current window. Failed logins also go to the server's log, which outlives both. The
+(one host's share, in the usual assignment), an IPv4-mapped one as the IPv4 address. The
 clock is injected so that tests move time instead of waiting.
 """
 
@@ -15,24 +18,34 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import HTTPException
+from sqlalchemy import delete, select
+from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
 from gpulease.core.errors import GpuleaseError
+from gpulease.server.db import transaction
+from gpulease.server.orm import ApiToken, AuthAttempt
+from gpulease.server.security import TOKEN_PREFIX
 from gpulease.server.settings import Settings
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]  # seconds, like time.time()
-FAILED_LOGINS_KEPT = 1000
-MAX_KEYS = 100_000  # distinct accounts/addresses tracked per window before the oldest go
+FAILED_LOGINS_KEPT = 1000  # of each kind, failed and refused, past the window
+REFUSALS_NOTED_EVERY = timedelta(minutes=1)  # per address, in the admin's list
+TOKEN_NAME_LENGTH = 10  # an API token's stored prefix: "glp_" and 6 random characters
+
+LOGIN = "login"
+LOGIN_REFUSED = "login-refused"
+REGISTER = "register"
+TOKEN = "token"
+REFUSED_REASON = "rate limited"
 
 
 class TooManyAttempts(GpuleaseError):
@@ -58,47 +71,31 @@ def _span(seconds: int) -> str:
     return f"{math.ceil(seconds / 60)} min"
 
 
+@dataclass(frozen=True)
 class SlidingWindow:
-    """At most `limit` events per key within the last `window_s` seconds."""
+    """At most `limit` attempts of `kind` per key (the value of `column`) within the last
+    `window` before now."""
 
-    def __init__(self, limit: int, window_s: float, clock: Clock) -> None:
-        self.limit = limit
-        self.window_s = window_s
-        self._clock = clock
-        self._events: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
+    kind: str
+    column: InstrumentedAttribute[str]
+    limit: int
+    window: timedelta
 
-    def _pruned(self, key: str, now: float) -> deque[float] | None:
-        events = self._events.get(key)
-        if events is None:
-            return None
-        while events and events[0] <= now - self.window_s:
-            events.popleft()
-        if not events:
-            del self._events[key]
-            return None
-        return events
-
-    def retry_after(self, key: str) -> float | None:
+    def retry_after(self, session: Session, key: str, now: datetime) -> float | None:
         """Seconds until `key` may try again, or None when it may now."""
-        with self._lock:
-            now = self._clock()
-            events = self._pruned(key, now)
-            if events is None or len(events) < self.limit:
-                return None
-            return events[-self.limit] + self.window_s - now
-
-    def hit(self, key: str) -> None:
-        with self._lock:
-            now = self._clock()
-            events = self._pruned(key, now)
-            if events is None:
-                if len(self._events) >= MAX_KEYS:  # forget the key seen longest ago
-                    del self._events[next(iter(self._events))]
-                events = self._events[key] = deque()
-            events.append(now)
-            while len(events) > self.limit:
-                events.popleft()
+        times = session.scalars(
+            select(AuthAttempt.at)
+            .where(
+                AuthAttempt.kind == self.kind,
+                self.column == key,
+                AuthAttempt.at > now - self.window,
+            )
+            .order_by(AuthAttempt.at.desc())
+            .limit(self.limit)
+        ).all()
+        if len(times) < self.limit:
+            return None
+        return (times[-1] + self.window - now).total_seconds()
 
 
 @dataclass(frozen=True)
@@ -106,66 +103,170 @@ class FailedLogin:
     at: datetime
     name: str
     address: str
-    reason: str  # "wrong password" | "unknown user" | "rate limited"
+    reason: str  # "wrong name or password" | … | "rate limited"
 
 
 class AuthGuard:
-    """The limits of one server process."""
+    """The limits of the server, counted in its database. Each check and count is a short
+    transaction of its own: call them outside any transaction of the request, which on
+    SQLite (one writer at a time) they would wait for forever."""
 
-    def __init__(self, settings: Settings, clock: Clock = time.time) -> None:
-        window = settings.auth_window_s
+    def __init__(
+        self, settings: Settings, sessions: sessionmaker[Session], clock: Clock = time.time
+    ) -> None:
+        window = timedelta(seconds=settings.auth_window_s)
+        self.window = window
+        self.sessions = sessions
         self.clock = clock
-        self.by_account = SlidingWindow(settings.login_failures_per_account, window, clock)
-        self.by_address = SlidingWindow(settings.login_failures_per_address, window, clock)
-        self.registrations = SlidingWindow(settings.registrations_per_address, window, clock)
-        self.bad_tokens = SlidingWindow(settings.token_failures_per_address, window, clock)
-        self._failed: deque[FailedLogin] = deque(maxlen=FAILED_LOGINS_KEPT)
+        subject, address = AuthAttempt.subject, AuthAttempt.address_key
+        self.by_account = SlidingWindow(LOGIN, subject, settings.login_failures_per_account, window)
+        self.by_address = SlidingWindow(LOGIN, address, settings.login_failures_per_address, window)
+        self.registrations = SlidingWindow(
+            REGISTER, address, settings.registrations_per_address, window
+        )
+        self.bad_tokens = SlidingWindow(TOKEN, address, settings.token_failures_per_address, window)
+        self.bad_tokens_of = SlidingWindow(
+            TOKEN, subject, settings.token_failures_per_token, window
+        )
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
 
-    def _refuse(self, what: str, wait: float | None) -> None:
-        if wait is not None:
-            raise TooManyAttempts(what, wait, self.now() + timedelta(seconds=math.ceil(wait)))
+    def _refusal(self, what: str, wait: float | None, now: datetime) -> TooManyAttempts | None:
+        if wait is None:
+            return None
+        return TooManyAttempts(what, wait, now + timedelta(seconds=math.ceil(wait)))
+
+    def _record(self, session: Session, kind: str, subject: str, address: str, reason: str) -> None:
+        now = self.now()
+        session.add(
+            AuthAttempt(
+                kind=kind,
+                subject=subject[:64],
+                address_key=address_key(address)[:64],
+                address=address[:64],
+                reason=reason[:100],
+                at=now,
+            )
+        )
+        self.prune(session, now)
+
+    def prune(self, session: Session, now: datetime) -> None:
+        """Delete the attempts that left the window, but the latest FAILED_LOGINS_KEPT of the
+        failed and of the refused logins."""
+        cutoff = now - self.window
+        session.execute(
+            delete(AuthAttempt).where(
+                AuthAttempt.at <= cutoff, AuthAttempt.kind.not_in((LOGIN, LOGIN_REFUSED))
+            )
+        )
+        for kind in (LOGIN, LOGIN_REFUSED):
+            oldest_kept = (
+                select(AuthAttempt.at)
+                .where(AuthAttempt.kind == kind)
+                .order_by(AuthAttempt.at.desc())
+                .offset(FAILED_LOGINS_KEPT - 1)
+                .limit(1)
+                .scalar_subquery()
+            )
+            session.execute(
+                delete(AuthAttempt).where(
+                    AuthAttempt.kind == kind, AuthAttempt.at <= cutoff, AuthAttempt.at < oldest_kept
+                )
+            )
 
     def check_login(self, name: str, address: str) -> None:
         """TooManyAttempts when this account or this address failed too often lately; even
         the right password waits then (that is what stops a guesser)."""
-        account_wait = self.by_account.retry_after(_account(name))
-        address_wait = self.by_address.retry_after(address_key(address))
-        if account_wait is not None or address_wait is not None:
-            self._failed.append(FailedLogin(self.now(), name[:64], address, "rate limited"))
-        self._refuse(f"failed logins for {name[:64]!r}", account_wait)
-        self._refuse("failed logins from your address", address_wait)
+        now, account = self.now(), _account(name)
+        with transaction(self.sessions) as session:
+            account_wait = self.by_account.retry_after(session, account, now)
+            address_wait = self.by_address.retry_after(session, address_key(address), now)
+            refusal = self._refusal(
+                f"failed logins for {name[:64]!r}", account_wait, now
+            ) or self._refusal("failed logins from your address", address_wait, now)
+            if refusal is not None and not self._refusal_noted(session, address, now):
+                self._record(session, LOGIN_REFUSED, account, address, REFUSED_REASON)
+        if refusal is not None:
+            raise refusal
+
+    def _refusal_noted(self, session: Session, address: str, now: datetime) -> bool:
+        return (
+            session.scalar(
+                select(AuthAttempt.id)
+                .where(
+                    AuthAttempt.kind == LOGIN_REFUSED,
+                    AuthAttempt.address_key == address_key(address),
+                    AuthAttempt.at > now - REFUSALS_NOTED_EVERY,
+                )
+                .limit(1)
+            )
+            is not None
+        )
 
     def login_failed(self, name: str, address: str, reason: str) -> None:
-        self.by_account.hit(_account(name))
-        self.by_address.hit(address_key(address))
-        self._failed.append(FailedLogin(self.now(), name[:64], address, reason))
+        with transaction(self.sessions) as session:
+            self._record(session, LOGIN, _account(name), address, reason)
         log.warning("failed login for %r from %s: %s", name[:64], address, reason)
 
-    def _refuse_address(self, what: str, window: SlidingWindow, address: str) -> None:
-        self._refuse(f"{what} from your address", window.retry_after(address_key(address)))
-
     def check_registration(self, address: str) -> None:
-        self._refuse_address("accounts registered", self.registrations, address)
+        now = self.now()
+        with transaction(self.sessions) as session:
+            wait = self.registrations.retry_after(session, address_key(address), now)
+        refusal = self._refusal("accounts registered from your address", wait, now)
+        if refusal is not None:
+            raise refusal
 
     def registered(self, address: str) -> None:
-        self.registrations.hit(address_key(address))
+        with transaction(self.sessions) as session:
+            self._record(session, REGISTER, "", address, "registered")
 
-    def check_token(self, address: str) -> None:
-        self._refuse_address("requests with an invalid token", self.bad_tokens, address)
+    def check_token(self, address: str, secret: str) -> None:
+        """TooManyAttempts when this address, or callers of any address presenting tokens
+        that begin like this one, sent too many wrong ones lately; the right token waits
+        too then."""
+        now, name = self.now(), token_name(secret)
+        with transaction(self.sessions) as session:
+            address_wait = self.bad_tokens.retry_after(session, address_key(address), now)
+            token_wait = self.bad_tokens_of.retry_after(session, name, now) if name else None
+        refusal = self._refusal(
+            "requests with an invalid token from your address", address_wait, now
+        ) or self._refusal(
+            "requests with an invalid token that begins like this one", token_wait, now
+        )
+        if refusal is not None:
+            raise refusal
 
-    def token_failed(self, address: str) -> None:
-        self.bad_tokens.hit(address_key(address))
+    def token_failed(self, address: str, secret: str) -> None:
+        """Count a refused bearer token against its address and, when it begins like a
+        token of the database, against that token."""
+        name = token_name(secret)
+        with transaction(self.sessions) as session:
+            if name and session.scalar(select(ApiToken.id).where(ApiToken.prefix == name)) is None:
+                name = ""
+            self._record(session, TOKEN, name, address, "invalid token")
 
-    def failed_logins(self, limit: int = 100) -> list[FailedLogin]:
+    def failed_logins(self, session: Session, limit: int = 100) -> list[FailedLogin]:
         """The latest failed (and refused) logins, newest first."""
-        return list(reversed(self._failed))[:limit]
+        rows = session.scalars(
+            select(AuthAttempt)
+            .where(AuthAttempt.kind.in_((LOGIN, LOGIN_REFUSED)))
+            .order_by(AuthAttempt.at.desc(), AuthAttempt.id.desc())
+            .limit(limit)
+        ).all()
+        return [FailedLogin(r.at, r.subject, r.address, r.reason) for r in rows]
 
 
 def _account(name: str) -> str:
     return name.strip().lower()[:64]
+
+
+def token_name(secret: str) -> str:
+    """The part of an API token's secret that names its row (ApiToken.prefix), or "" for a
+    secret that is not shaped like one."""
+    if secret.startswith(TOKEN_PREFIX) and len(secret) > TOKEN_NAME_LENGTH:
+        return secret[:TOKEN_NAME_LENGTH]
+    return ""
 
 
 def address_key(address: str) -> str:
@@ -183,11 +284,11 @@ def address_key(address: str) -> str:
     return str(ip)
 
 
-def guard_of(state: Any, settings: Settings) -> AuthGuard:
+def guard_of(state: Any, settings: Settings, sessions: sessionmaker[Session]) -> AuthGuard:
     """The app's guard (app.state.auth_guard), made at first use; tests put their own there
     to inject a clock."""
     guard = getattr(state, "auth_guard", None)
     if not isinstance(guard, AuthGuard):
-        guard = AuthGuard(settings)
+        guard = AuthGuard(settings, sessions)
         state.auth_guard = guard
     return guard

@@ -32,7 +32,7 @@ def form_browser(http: TestClient) -> TestClient:
 
 def test_console_login_is_limited_per_account(http: TestClient, rt: Runtime, ann: Caller) -> None:
     clock = Clock()
-    http.app.state.auth_guard = AuthGuard(rt.settings, clock=clock)  # type: ignore[attr-defined]
+    http.app.state.auth_guard = AuthGuard(rt.settings, rt.sessions, clock=clock)  # type: ignore[attr-defined]
     browser = form_browser(http)
     for _ in range(rt.settings.login_failures_per_account):
         r = browser.post("/login", data={"name": "ann", "password": "wrong-guess-1"})
@@ -49,7 +49,7 @@ def test_console_login_is_limited_per_account(http: TestClient, rt: Runtime, ann
 
 
 def test_console_registration_is_limited_per_address(http: TestClient, rt: Runtime) -> None:
-    http.app.state.auth_guard = AuthGuard(rt.settings, clock=Clock())  # type: ignore[attr-defined]
+    http.app.state.auth_guard = AuthGuard(rt.settings, rt.sessions, clock=Clock())  # type: ignore[attr-defined]
     browser = form_browser(http)
     for i in range(rt.settings.registrations_per_address):
         form = {"name": f"user{i}", "password": PASSWORD, "password_repeat": PASSWORD}

@@ -24,10 +24,12 @@ from gpulease.server.routers.auth_limits import (
 from gpulease.server.routers.deps import (
     AdminUser,
     CurrentUser,
+    DetachedUser,
     IdPath,
     SessionDep,
     bearer,
     runtime,
+    tx,
 )
 from gpulease.server.security import verify_password
 from gpulease.server.services import tokens, users
@@ -36,32 +38,38 @@ from gpulease.server.services.ratelimit import TooManyAttempts
 router = APIRouter(tags=["accounts"])
 
 
+# The guard counts in transactions of its own, outside the request's: these routes open
+# theirs only around the work between its check and its count.
+
+
 @router.post("/auth/register", status_code=201)
-def register(body: RegisterRequest, session: SessionDep, request: Request) -> AuthResult:
+def register(body: RegisterRequest, request: Request) -> AuthResult:
     settings = runtime(request).settings
     if not settings.signup_enabled:
         raise Forbidden("sign-up is closed on this server; ask an admin for an account")
     guard, address = auth_guard(request), client_address(request)
     within_limits(guard.check_registration, address)
-    user = users.create_user(
-        session,
-        body.name,
-        body.password,
-        email=body.email,
-        signup_credit_micro=settings.signup_credit_micro,
-    )
-    secret, _ = tokens.create_token(session, user, "registration")
+    with tx(request) as session:
+        user = users.create_user(
+            session,
+            body.name,
+            body.password,
+            email=body.email,
+            signup_credit_micro=settings.signup_credit_micro,
+        )
+        secret, _ = tokens.create_token(session, user, "registration")
     guard.registered(address)
     return AuthResult(token=secret, user=UserPublic.model_validate(user))
 
 
 @router.post("/auth/login")
-def login(body: LoginRequest, session: SessionDep, request: Request) -> AuthResult:
+def login(body: LoginRequest, request: Request) -> AuthResult:
     try:
-        user = guarded_login(request, session, body.name, body.password)
+        user = guarded_login(request, body.name, body.password)
     except TooManyAttempts as exc:
         raise exc.http() from None
-    secret, _ = tokens.create_token(session, user, body.token_name)
+    with tx(request) as session:
+        secret, _ = tokens.create_token(session, user, body.token_name)
     return AuthResult(token=secret, user=UserPublic.model_validate(user))
 
 
@@ -76,13 +84,12 @@ def list_tokens(session: SessionDep, user: CurrentUser) -> list[TokenPublic]:
 
 
 @router.post("/tokens", status_code=201)
-def create_token(
-    body: TokenCreate, session: SessionDep, user: CurrentUser, request: Request
-) -> TokenCreated:
+def create_token(body: TokenCreate, user: DetachedUser, request: Request) -> TokenCreated:
     if bearer(request) is None:  # the browser's cookie: confirm with the password
         _confirm_password(request, user.name, user.password_hash, body.password)
-    secret, row = tokens.create_token(session, user, body.name)
-    return TokenCreated(token=secret, info=TokenPublic.model_validate(row))
+    with tx(request) as session:
+        secret, row = tokens.create_token(session, user, body.name)
+        return TokenCreated(token=secret, info=TokenPublic.model_validate(row))
 
 
 @router.delete("/tokens/{token_id}", status_code=204)
@@ -107,9 +114,11 @@ def _confirm_password(request: Request, name: str, password_hash: str, given: st
 
 
 @router.get("/admin/failed-logins")
-def failed_logins(_: AdminUser, request: Request, limit: int = 100) -> list[FailedLoginPublic]:
-    """The latest failed and rate-limited logins seen by this server process, newest first."""
-    found = auth_guard(request).failed_logins(max(1, min(limit, 1000)))
+def failed_logins(
+    _: AdminUser, session: SessionDep, request: Request, limit: int = 100
+) -> list[FailedLoginPublic]:
+    """The latest failed and rate-limited logins, newest first."""
+    found = auth_guard(request).failed_logins(session, max(1, min(limit, 1000)))
     return [
         FailedLoginPublic(at=f.at, name=f.name, address=f.address, reason=f.reason) for f in found
     ]

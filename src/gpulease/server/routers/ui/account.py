@@ -103,8 +103,8 @@ def login(request: Request, _: SameSiteForm, form: Annotated[LoginForm, Form()])
     try:
         if not name or not password:
             raise InvalidInput("enter your user name and password")
+        user = guarded_login(request, name, password)
         with tx(request) as session:
-            user = guarded_login(request, session, name, password)
             secret = _open_session(request, session, user)
     except GpuleaseError as exc:
         return _login_page(

@@ -160,7 +160,7 @@ def _users_page(
         for a in operator_views.user_accounts(console.session)
     ]
     context = {"rows": rows, "form": form or GrantForm(), "symbol": symbol}
-    context["failed_logins"] = auth_guard(console.request).failed_logins(20)
+    context["failed_logins"] = auth_guard(console.request).failed_logins(console.session, 20)
     return _page(console, "admin/users.html", context, tab="users", refusal=refusal, notice=notice)
 
 
