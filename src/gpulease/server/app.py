@@ -34,6 +34,7 @@ from gpulease.server.routers.api import plans as plans_api
 from gpulease.server.routers.api import quotas as quotas_api
 from gpulease.server.routers.api import statements as statements_api
 from gpulease.server.routers.api import support as support_api
+from gpulease.server.routers.api import sweeps as sweeps_api
 from gpulease.server.routers.api import teams as teams_api
 from gpulease.server.routers.api import templates as templates_api
 from gpulease.server.routers.auth_limits import TokenGuessingGate
@@ -114,7 +115,7 @@ def create_app(
         app.include_router(module.router, prefix="/api/v1")
     app.include_router(datasets_api.router, prefix="/api/v1")
     app.include_router(datasets_api.runner_router)
-    for module in (notification_settings_api, support_api):
+    for module in (notification_settings_api, support_api, sweeps_api):
         app.include_router(module.router, prefix="/api/v1")
     app.include_router(templates_api.router, prefix="/api/v1")
     app.include_router(templates_api.runner_router)

@@ -258,6 +258,8 @@ class Instance(Base):
     gang_id: Mapped[int | None] = mapped_column(Integer, index=True)
     gang_rank: Mapped[int | None] = mapped_column(Integer)
     gang_size: Mapped[int | None] = mapped_column(Integer)
+    # A trial of a sweep (services/sweeps.py); None: not one.
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), index=True)
     queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
@@ -721,3 +723,41 @@ class UserTemplate(Base):
     # The instance whose venv is frozen (the runner's task); kept for the record.
     instance_id: Mapped[int | None] = mapped_column(ForeignKey("instances.id"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+# Hyperparameter sweeps (services/sweeps, reconcilers/sweeps)
+
+
+class Sweep(Base):
+    """A group of trials: one task run once per point of a search space, each trial on its
+    own instance. `space` is the space as given (grid, ranges, random, seed); `metric` and
+    `goal` name the best trial; with `stop_early` the median stopping rule stops trials
+    that fall behind, once `min_steps` points and `min_trials` other trials allow it."""
+
+    __tablename__ = "sweeps"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str | None] = mapped_column(String(100))
+    space: Mapped[dict[str, Any]] = mapped_column(JSON)
+    metric: Mapped[str | None] = mapped_column(String(64))
+    goal: Mapped[str] = mapped_column(String(8), default="max")  # max | min
+    stop_early: Mapped[bool] = mapped_column(Boolean, default=False)
+    min_steps: Mapped[int] = mapped_column(Integer, default=5)
+    min_trials: Mapped[int] = mapped_column(Integer, default=2)
+    estimated_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class SweepTrial(Base):
+    """One point of a sweep's space and the instance that runs it. `stop_reason` says why
+    the median rule stopped it (empty: it was not)."""
+
+    __tablename__ = "sweep_trials"
+    __table_args__ = (UniqueConstraint("sweep_id", "index"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    params: Mapped[dict[str, str]] = mapped_column(JSON)
+    instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id"), index=True)
+    stopped_early_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    stop_reason: Mapped[str] = mapped_column(String(500), default="")

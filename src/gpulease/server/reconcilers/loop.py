@@ -17,6 +17,7 @@ from gpulease.server.reconcilers import (
     meter,
     notify,
     scheduler,
+    sweeps,
 )
 from gpulease.server.reconcilers import schedules as schedule_fires
 from gpulease.server.reconcilers.gpu_samples import (
@@ -41,6 +42,7 @@ def steps(rt: Runtime) -> list[tuple[Step, float]]:
         (local_node.tick, 5),  # the local node's last-seen time
         (health.tick, 0),
         (idle.tick, 5),  # idle stop and maximum runtime; every 5 s is soon enough
+        (sweeps.tick, 2),  # sweep trials the median stopping rule finds behind
         (meter.tick, 0),
         (billing.tick, 5),
         (billing.storage_tick, rt.settings.storage_meter_interval_s),
