@@ -7,6 +7,7 @@ instance, and the terminal fits its card."""
 from __future__ import annotations
 
 import re
+import time
 from typing import TYPE_CHECKING
 
 import httpx
@@ -120,6 +121,20 @@ def test_every_console_page_is_clean_for_an_admin_and_a_renter(
         visit(page, f"{base}/runs/{done.id}")
         badge = page.get_by_test_id("live-state")
         expect(badge).to_have_text("Live")
+        # A step sent by the SDK and then printed on stdout keeps the SDK's value live
+        metrics = f"/runs/{done.id}/metrics"
+        now = time.time()
+        sdk = [{"key": "loss", "step": 0, "value": 0.61234, "time": now, "source": "sdk"}]
+        assert runner.call("POST", metrics, json={"points": sdk}).status_code == 204
+        loss = "(window.gpuleaseCharts['run:loss'] || {data: [[], []]}).data[1]"
+        page.wait_for_function(f"() => {loss}.length === 1")
+        printed = [
+            {"key": "loss", "step": s, "value": v, "time": now, "source": "stdout"}
+            for s, v in ((0, 0.6123), (1, 0.5))
+        ]
+        assert runner.call("POST", metrics, json={"points": printed}).status_code == 204
+        page.wait_for_function(f"() => {loss}.length === 2")
+        assert page.evaluate(loss) == [0.61234, 0.5]
         assert (
             runner.call("POST", f"/runs/{done.id}/exit", json={"exit_code": 0}).status_code == 204
         )

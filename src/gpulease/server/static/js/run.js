@@ -8,8 +8,13 @@ window.GpuleaseCharts.page("metrics", (card, C) => {
   const note = document.getElementById("metrics-note");
   const empty = document.getElementById("metrics-empty");
   const count = document.getElementById("metric-count");
-  const charts = new Map(); // key -> {chart, curve}
+  const charts = new Map(); // key -> {chart, curve, ranks}
   let source = null;
+  // A step reported by several sources is one point: the SDK's value, then TensorBoard's,
+  // then stdout's (as the server's series). A loaded series does not say which source each
+  // step came from: it ranks as TensorBoard, so a later SDK point wins and a stdout one not.
+  const RANKS = { sdk: 0, tensorboard: 1, stdout: 2 };
+  const LOADED = 1;
 
   function chartFor(key) {
     let entry = charts.get(key);
@@ -21,7 +26,7 @@ window.GpuleaseCharts.page("metrics", (card, C) => {
       name: "run:" + key,
       series: [{ label: key, color: C.color(charts.size) }],
     });
-    entry = { chart: chart, curve: new C.Curve() };
+    entry = { chart: chart, curve: new C.Curve(), ranks: new Map() };
     charts.set(key, entry);
     empty.hidden = true;
     count.textContent = String(charts.size);
@@ -36,6 +41,10 @@ window.GpuleaseCharts.page("metrics", (card, C) => {
     const touched = new Set();
     for (const p of JSON.parse(event.data).points || []) {
       const entry = chartFor(p.key);
+      const rank = p.source in RANKS ? RANKS[p.source] : 3;
+      const held = entry.ranks.get(p.step);
+      if (held !== undefined && held <= rank) continue;
+      entry.ranks.set(p.step, rank);
       entry.curve.add(p.step, p.value);
       touched.add(entry);
     }
@@ -66,6 +75,7 @@ window.GpuleaseCharts.page("metrics", (card, C) => {
     for (const s of series) {
       const entry = chartFor(s.key);
       entry.curve = new C.Curve(s.steps, s.values);
+      for (const step of s.steps) entry.ranks.set(step, LOADED);
       draw(entry);
     }
     if (data.series && data.series.some((s) => s.downsampled)) {
