@@ -155,6 +155,7 @@ def test_prices_page_shows_the_catalog_and_edits_off_peak_windows(
     html = text(client.get("/admin/prices").text)
     assert 'data-testid="price-table"' in html
     assert "$0.9000" in html and "$0.2500" in html  # A100 and T4 on demand
+    assert "$18.0000" in html  # A100's daily block (20 h), in the same format
     assert "17 % below 24 h on demand" in html  # a daily block is 20 h of 24 (16.67 %)
     assert "pricing.yaml" in html and "GPULEASE_PRICING_FILE" in html and "restart" in html
     assert "No off-peak windows" in html and "No vouchers" in html

@@ -284,7 +284,7 @@ def _price_rows(console: ConsolePage) -> list[PriceRow]:
                 memory_gb=m.memory_gb,
                 ncu_factor=f"{m.ncu_factor:g}",
                 hourly=format_credits(m.hourly_micro, symbol),
-                daily=format_credits(block, symbol, 2) if block else "—",
+                daily=format_credits(block, symbol) if block else "—",
                 daily_saving="" if saving is None else f"{saving} %",
                 spot=format_credits(m.spot_hourly_micro, symbol) if m.spot_hourly_micro else "—",
             )
