@@ -39,3 +39,10 @@ class Backend(Protocol):
         """Ask the runner to stop (SIGTERM), or kill it and its jobs when force is set.
         Idempotent and fast: returns at once, also for a handle whose runner is gone."""
         ...
+
+    def delete_workspace(self, node: str, name: str) -> None:
+        """Delete a released instance's workspace `name` (and its runner's files) on node,
+        where the backend keeps them apart from the server's disk. Fast and idempotent:
+        it may only ask the node to do it; a node that is gone is skipped. A same_host
+        backend has nothing to do (the server deletes the workspace on its own disk)."""
+        ...

@@ -26,6 +26,7 @@ class FakeBackend:
         self.runners: dict[str, FakeRunner] = {}
         self.stop_kills = True
         self.start_error: Exception | None = None
+        self.deleted_workspaces: list[tuple[str, str]] = []  # (node, name) of delete_workspace
 
     def start(self, spec: RunnerSpec) -> str:
         if self.start_error is not None:
@@ -46,6 +47,9 @@ class FakeBackend:
         runner.stop_calls.append(force)
         if self.stop_kills or force:
             runner.alive = False
+
+    def delete_workspace(self, node: str, name: str) -> None:
+        self.deleted_workspaces.append((node, name))
 
     def set_alive(self, handle: str, alive: bool) -> None:
         self.runners[handle].alive = alive

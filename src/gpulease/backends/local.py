@@ -94,6 +94,9 @@ class LocalBackend:
         parsed = _parse_handle(handle)
         return parsed is not None and _is_running(read_stat(parsed[0]), parsed[1])
 
+    def delete_workspace(self, node: str, name: str) -> None:
+        """Nothing: the workspace is on this host, where the server deletes it itself."""
+
     def stop(self, handle: str, *, force: bool = False) -> None:
         """SIGTERM the runner (it stops its jobs and reports), or with force SIGKILL the runner
         and every process of its session or below it. Never raises for a gone runner."""

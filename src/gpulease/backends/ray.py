@@ -136,6 +136,16 @@ def _discover_on_node(catalog: Catalog) -> Inventory:
     return discover(catalog)
 
 
+@ray.remote(num_cpus=0)
+def _delete_on_node(paths: list[str]) -> None:
+    """Runs on one node: deletes a released instance's workspace and runner files there.
+    shutil.rmtree never follows the links a job left in its workspace."""
+    import shutil
+
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class RunnerActor:
     """Hosts one runner process on its node and lives exactly as long as that runner.
 
@@ -401,6 +411,22 @@ class RayBackend:
         with self._lock:
             self._view = view
         return raw
+
+    def delete_workspace(self, node: str, name: str) -> None:
+        """A task pinned to node deletes <node home>/<node>/workspaces/<name> and its runner
+        files; nothing when the node is not in the cluster now."""
+        with self._lock:
+            node_id = self._node_ids.get(node)
+        if node_id is None:
+            log.info("workspace %s stays on node %s: the node is not in the cluster", name, node)
+            return
+        home = self._node_home / node
+        paths = [str(home / "workspaces" / name), str(home / "runners" / name)]
+        self._stops.submit(
+            lambda: _delete_on_node.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+            ).remote(paths)
+        )
 
     def stop(self, handle: str, *, force: bool = False) -> None:
         """Ask the actor to stop its runner (SIGTERM, or with force kill its whole tree) and,

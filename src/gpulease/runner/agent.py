@@ -21,7 +21,7 @@ from gpulease import doctor
 from gpulease.envs.build import EnvBuildError, ensure_env, env_python
 from gpulease.envs.layer import ensure_layer
 from gpulease.envs.snapshot import TaskRunner
-from gpulease.runner import preempt
+from gpulease.runner import preempt, workspace_sync
 from gpulease.runner.cgroups import instance_cgroup
 from gpulease.runner.connection import Aborted, Connection, ServerGone, Unreachable
 from gpulease.runner.datasets import DatasetError, links_dir, materialise
@@ -41,6 +41,7 @@ from gpulease.runner.sandbox import (
 )
 from gpulease.runner.streams import ShellSetup, Streams, shell_environment
 from gpulease.runner.workdir import UnsafeArchive, extract_workdir
+from gpulease.runner.workspace_sync import WorkspaceSyncError
 from gpulease.schemas.runner import (
     RUNNER_API,
     RunnerAction,
@@ -60,7 +61,7 @@ log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 0.2
 POLL_WAIT_S = 20
-WORKDIR_MARKER = "workdir-extracted"
+WORKDIR_MARKER = workspace_sync.WORKDIR_MARKER
 _MAX_REASON = 8000
 _MAX_STATUS = 2000
 # Once told to stop, how long the runner keeps trying to report to a server that is away.
@@ -164,7 +165,13 @@ class Agent:
         except (ServerGone, StopRequested, Aborted) as exc:
             log.info("not serving the instance: %s", exc or type(exc).__name__)
             return self._stopped()
-        except (EnvBuildError, UnsafeArchive, SandboxError, DatasetError) as exc:
+        except (
+            EnvBuildError,
+            UnsafeArchive,
+            SandboxError,
+            DatasetError,
+            WorkspaceSyncError,
+        ) as exc:
             return self._fail(exc.message)
         if response.status_code == 409 or self._stopping.is_set():
             return self._shutdown()
@@ -213,6 +220,7 @@ class Agent:
         self._status(f"preparing environment {template.name}")
         env_dir = ensure_env(template, self.spec.env_cache, self._status)
         self._status("preparing the workspace")
+        workspace_sync.restore(self.spec, self.connection, self._status)  # it ran elsewhere
         self._fetch_workdir()
         doctor.install(self.spec.run_dir / SDK_DIR)  # `python -m gpulease.doctor` in runs
         self.dataset_dirs = materialise(self.spec, self.connection, self._status)
@@ -521,6 +529,10 @@ class Agent:
             if run.reporter is not None:
                 # logs and exits wait for the server, but not forever once we are stopping
                 run.reporter.join(max(0.0, deadline - time.monotonic()))
+        try:  # a fleet node's workspace goes to the server, in case it starts elsewhere next
+            workspace_sync.save(self.spec, self.connection)
+        except (WorkspaceSyncError, OSError, Unreachable, ServerGone, Aborted) as exc:
+            log.error("the workspace was not saved to the server: %s", exc)
         return self._stopped()
 
     def _stop_all(self) -> list[_Run]:

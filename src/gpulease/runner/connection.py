@@ -127,10 +127,12 @@ class Connection:
         abort: threading.Event | None = None,
         download_to: Path | None = None,
         give_up_after: float | None = None,
+        content: bytes | None = None,
     ) -> httpx.Response:
         """One protocol call. download_to streams a 200 body into that file instead of
         memory (the workdir archive may be large). give_up_after: raise Unreachable once
-        that many seconds of retrying passed (None: retry until the server answers)."""
+        that many seconds of retrying passed (None: retry until the server answers).
+        content: a raw body (a chunk pack) instead of json."""
         while True:
             bearer = self._token
             response = self._answer(
@@ -144,6 +146,7 @@ class Connection:
                 abort,
                 download_to,
                 give_up_after,
+                content,
             )
             if response.status_code == 401 and self._settled_token() != bearer:
                 continue  # open_session replaced the token while this call was out
@@ -166,6 +169,7 @@ class Connection:
         abort: threading.Event | None,
         download_to: Path | None = None,
         give_up_after: float | None = None,
+        content: bytes | None = None,
     ) -> httpx.Response:
         """The server's first answer that is not worth retrying, unjudged."""
         delay = self._backoff_start
@@ -176,7 +180,9 @@ class Connection:
             if self.gone.is_set():
                 raise ServerGone(f"{method} {path}: the server no longer knows this instance")
             try:
-                response = self._attempt(method, path, headers, json, params, timeout, download_to)
+                response = self._attempt(
+                    method, path, headers, json, params, timeout, download_to, content
+                )
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
@@ -202,10 +208,17 @@ class Connection:
         params: dict[str, Any] | None,
         timeout: float,
         download_to: Path | None,
+        content: bytes | None = None,
     ) -> httpx.Response:
         if download_to is None:
             return self._client.request(
-                method, path, headers=headers, json=json, params=params, timeout=timeout
+                method,
+                path,
+                headers=headers,
+                json=json,
+                params=params,
+                timeout=timeout,
+                content=content,
             )
         with self._client.stream(
             method, path, headers=headers, params=params, timeout=timeout

@@ -68,6 +68,11 @@ class RunnerSpec:
     vcpus: float | None = None
     memory_bytes: int | None = None
     node_gpus: int = 0
+    # A fleet backend's workspace moves (runner/workspace_sync.py): save the workspace's
+    # changed chunks to the server at stop; restore the server's snapshot before ready (the
+    # instance ran last on another node).
+    workspace_save: bool = False
+    workspace_restore: bool = False
 
     def to_json(self) -> str:
         return _SPEC.dump_json(self).decode()
@@ -187,6 +192,31 @@ class RunnerDatasets(BaseModel):
 
 class RunnerChunkRequest(BaseModel):
     chunks: list[str] = Field(max_length=4096)
+
+
+class RunnerWorkspaceChunks(BaseModel):
+    """POST /workspace/missing: [sha256, size] of chunks; the answer names those the server
+    lacks (RunnerWorkspaceMissing)."""
+
+    chunks: list[tuple[str, int]] = Field(max_length=20_000)
+
+
+class RunnerWorkspaceMissing(BaseModel):
+    missing: list[str]
+
+
+class RunnerWorkspaceFile(BaseModel):
+    path: str = Field(max_length=4096)
+    size: int
+    mode: int
+    mtime: float
+    chunks: list[str]
+
+
+class RunnerWorkspaceSnapshot(BaseModel):
+    """PUT /workspace/snapshot (and its GET): every regular file of the workspace."""
+
+    files: list[RunnerWorkspaceFile]
 
 
 class RunnerMetricPoint(BaseModel):

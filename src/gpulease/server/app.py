@@ -24,6 +24,7 @@ from gpulease.server.routers.api import (
     instances,
     runner,
     runner_streams,
+    runner_workspace,
     runs,
 )
 from gpulease.server.routers.api import datasets as datasets_api
@@ -120,6 +121,7 @@ def create_app(
     app.include_router(templates_api.router, prefix="/api/v1")
     app.include_router(templates_api.runner_router)
     app.include_router(runner.router)
+    app.include_router(runner_workspace.router)  # workspace snapshots of a fleet's runners
     app.include_router(runner_streams.router)  # the runner's terminal and Jupyter streams
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

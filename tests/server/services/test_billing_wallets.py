@@ -167,6 +167,7 @@ def test_teams_share_a_wallet_with_member_limits(
 def test_workspace_storage_is_billed_per_gb_day(
     ann: Caller, rt: Runtime, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
 ) -> None:
+    rt.backend.same_host = True  # as on the local backend: the workspace is on this disk
     r = ann.post("/api/v1/instances", json={"gpu": "T4:1", "name": "box"})
     instance_id = r.json()["id"]
     workspace = rt.settings.workspaces_path / str(instance_id)

@@ -170,12 +170,15 @@ def dataset_storage(rt: Runtime) -> None:
 
 
 def workspace_storage(rt: Runtime) -> None:
-    """Measure every kept workspace and bill its storage since the last measurement."""
+    """Measure every kept workspace and bill its storage since the last measurement. On a
+    backend whose runners live on other nodes the server's disk holds no workspace: there
+    it is the size of the copy its runner saved at its last stop (services/workspaces.py)."""
     now = utcnow()
     price = rt.settings.storage_price_micro
+    on_disk = rt.backend.same_host
     with transaction(rt.sessions) as session:
         rows = [
-            (i.id, i.owner_id, i.team_id, i.workspace, i.status)
+            (i.id, i.owner_id, i.team_id, i.workspace, i.status, i.workspace_snapshot_bytes)
             for i in session.scalars(select(Instance).where(Instance.workspace.is_not(None)))
         ]
         open_meters = {
@@ -187,12 +190,12 @@ def workspace_storage(rt: Runtime) -> None:
             )
         }
     sizes = {
-        instance_id: storage.tree_kib(Path(workspace))
-        for instance_id, _, _, workspace, status in rows
+        instance_id: storage.tree_kib(Path(workspace)) if on_disk else -(-saved // 1024)
+        for instance_id, _, _, workspace, status, saved in rows
         if workspace and status != RELEASED
     }
     with transaction(rt.sessions) as session:
-        for instance_id, owner_id, team_id, _, status in rows:
+        for instance_id, owner_id, team_id, _, status, _ in rows:
             if status == RELEASED:
                 meter = open_meters.get(instance_id)
                 if meter is not None:

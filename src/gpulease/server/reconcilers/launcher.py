@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpulease.backends.base import RunnerSpec
@@ -18,11 +18,12 @@ from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.security import RUNNER_TOKEN_PREFIX, hash_token, new_token
-from gpulease.server.services import notifications, templates
+from gpulease.server.services import notifications, templates, workspaces
 from gpulease.server.services.instances import gangs
 from gpulease.server.services.instances.lifecycle import finish_release
 from gpulease.server.services.instances.states import (
     FAILED,
+    RELEASED,
     STARTING,
     STOPPED,
     STOPPING,
@@ -38,6 +39,7 @@ def tick(rt: Runtime) -> None:
     stop_broken_gangs(rt)
     finish_stops(rt)
     finish_releases(rt)
+    forget_released_workspaces(rt)
 
 
 def stop_broken_gangs(rt: Runtime) -> None:
@@ -84,6 +86,8 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             return  # someone else launched it
         instance = session.get(Instance, instance_id)
         assert instance is not None and instance.workspace is not None
+        restore = _moved(session, rt, instance)
+        instance.last_node_id = instance.node_id
         gpus = list(
             session.scalars(select(Gpu).where(Gpu.instance_id == instance_id).order_by(Gpu.index))
         )
@@ -105,6 +109,9 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             server_socket=server_socket,
             node=instance.node.name if instance.node is not None else None,
             extra_env=gangs.rank_env(session, instance),
+            # on a fleet the workspace lives on the node: saved at stop, restored after a move
+            workspace_save=not rt.backend.same_host,
+            workspace_restore=restore,
             **_share(session, rt, instance),
         )
     try:
@@ -129,6 +136,30 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             .values(runner_handle=handle)
             .execution_options(synchronize_session=False)
         )
+
+
+def _moved(session: Session, rt: Runtime, instance: Instance) -> bool:
+    """Whether the instance starts on another node than the one it last ran on; if so the
+    user is told why, and on a fleet its runner restores the workspace's snapshot."""
+    last, node = instance.last_node, instance.node
+    if last is None or node is None or last.id == node.id:
+        return False
+    why = "left the cluster" if last.status == "gone" else "is full"
+    message = f"moved from {last.name} to {node.name}: node {last.name} {why}"
+    if rt.backend.same_host:
+        pass  # one host: the workspace is where it was
+    elif instance.workspace_snapshot_at is not None:
+        message += (
+            f"; its workspace comes from the copy saved when it stopped on "
+            f"{instance.workspace_snapshot_at:%Y-%m-%d %H:%M} UTC"
+        )
+    else:
+        message += "; no copy of its workspace was saved, so it starts with an empty one"
+    instance.status_message = message[:500]
+    notifications.notify(
+        session, instance.owner_id, "instance_moved", f"instance {instance.name} {message}"
+    )
+    return not rt.backend.same_host
 
 
 def _share(session: Session, rt: Runtime, instance: Instance) -> dict[str, Any]:
@@ -195,6 +226,36 @@ def finish_stops(rt: Runtime, now: datetime | None = None) -> None:
             instance = session.get(Instance, instance_id)
             if instance is not None and instance.status == STOPPING:
                 switch_status(session, instance, STOPPED, instance.status_reason or reason)
+
+
+def forget_released_workspaces(rt: Runtime) -> None:
+    """Released instances whose workspace may still be elsewhere than the server's disk:
+    its snapshot in the blob store is deleted (with its key), and its node is asked to
+    delete the node's copy (a node that is gone keeps it until its operator cleans up)."""
+    with transaction(rt.sessions) as session:
+        rows = [
+            (i.id, i.last_node.name if i.last_node is not None else None, i.workspace)
+            for i in session.scalars(
+                select(Instance).where(
+                    Instance.status == RELEASED,
+                    or_(
+                        Instance.last_node_id.is_not(None), Instance.workspace_snapshot.is_not(None)
+                    ),
+                )
+            )
+        ]
+    for instance_id, node, workspace in rows:
+        if node is not None and workspace and not rt.backend.same_host:
+            rt.backend.delete_workspace(node, Path(workspace).name)
+        if rt.vault is not None:
+            workspaces.forget(rt.sessions, rt.vault, instance_id)
+        with transaction(rt.sessions) as session:
+            session.execute(
+                update(Instance)
+                .where(Instance.id == instance_id, Instance.status == RELEASED)
+                .values(last_node_id=None)
+                .execution_options(synchronize_session=False)
+            )
 
 
 def finish_releases(rt: Runtime) -> None:

@@ -133,7 +133,7 @@ async def push_files(
 ) -> wire.DatasetMissingChunks:
     """The body is a wire.DatasetFilesPart, parsed straight from its JSON bytes (thousands of
     files a request)."""
-    raw = await _read_capped(request, MAX_FILES_BYTES, "a file list part")
+    raw = await read_capped(request, MAX_FILES_BYTES, "a file list part")
     try:
         body = wire.DatasetFilesPart.model_validate_json(raw)
     except ValidationError as exc:
@@ -153,7 +153,7 @@ async def push_files(
     return wire.DatasetMissingChunks(missing=missing.chunks, missing_bytes=missing.bytes)
 
 
-async def _read_capped(request: Request, limit: int, what: str) -> bytes:
+async def read_capped(request: Request, limit: int, what: str) -> bytes:
     declared = request.headers.get("content-length")
     too_big = f"{what} may hold at most {limit} bytes; send smaller ones"
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
@@ -172,7 +172,7 @@ async def _read_capped(request: Request, limit: int, what: str) -> bytes:
 async def push_chunks(
     name: str, push_id: IdPath, user: DetachedUser, request: Request
 ) -> wire.DatasetChunksReceived:
-    body = await _read_capped(request, uploads.MAX_PACK_BYTES, "a chunk pack")
+    body = await read_capped(request, uploads.MAX_PACK_BYTES, "a chunk pack")
     try:
         received = await run_in_threadpool(
             uploads.store_chunks,

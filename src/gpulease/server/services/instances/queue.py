@@ -229,6 +229,7 @@ def _requests(
             team=None if row.team_id is None else str(row.team_id),
             duration=d.seconds if (d := known.get(r.instance_id)) is not None else None,
             allowed=r.nodes,
+            home=row.last_node_id,
         )
         for r in queue
         if (row := rows.get(r.instance_id)) is not None

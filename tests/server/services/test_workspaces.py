@@ -1,0 +1,256 @@
+"""Workspace moves: a runner saves the workspace at stop, another restores it (real server, real
+database, the runner's own workspace_sync code over the runner protocol)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from starlette.testclient import TestClient
+
+from factories import Caller, RunnerDouble, make_running_instance
+from gpulease.backends.fake import FakeBackend
+from gpulease.gpus.discovery import DiscoveredGpu, Inventory
+from gpulease.runner import workspace_sync
+from gpulease.runner.connection import Connection
+from gpulease.schemas.runner import RunnerSpec
+from gpulease.server.db import transaction
+from gpulease.server.orm import Node, StorageKey, StorageMeter, WorkspaceChunk
+from gpulease.server.reconcilers import billing
+from gpulease.server.runtime import Runtime
+from gpulease.server.services import nodes
+from gpulease.storage.chunking import CHUNK_SIZE, pack
+
+Tick = Callable[[], object]
+RunnerFor = Callable[[int], RunnerDouble]
+
+
+def connection(http: TestClient, runner: RunnerDouble) -> Connection:
+    return Connection(
+        "http://testserver",
+        runner.token,
+        on_stop=lambda _: None,
+        transport=http._transport,
+        backoff_start_s=0.01,
+    )
+
+
+def spec_at(
+    backend: FakeBackend, instance_id: int, workspace: Path, **changes: object
+) -> RunnerSpec:
+    handle = backend.handle_for(instance_id)
+    assert handle is not None
+    spec = backend.runners[handle].spec
+    return replace(spec, workspace=workspace, run_dir=workspace.parent / "run", **changes)  # type: ignore[arg-type]
+
+
+def blob_keys(rt: Runtime, prefix: str) -> list[str]:
+    assert rt.vault is not None
+    return list(rt.vault.store.iterate(prefix))
+
+
+@pytest.fixture
+def fleet(backend: FakeBackend) -> FakeBackend:
+    backend.same_host = False  # runners on other nodes: workspaces are saved at stop
+    return backend
+
+
+def test_a_workspace_saved_at_stop_is_restored_elsewhere_and_a_second_save_sends_only_changes(
+    http: TestClient, ann: Caller, tick: Tick, runner_for: RunnerFor, fleet: FakeBackend,
+    rt: Runtime, tmp_path: Path,
+) -> None:  # fmt: skip
+    instance_id, runner = make_running_instance(ann, tick, runner_for, "box")
+    assert fleet.started[-1].workspace_save and not fleet.started[-1].workspace_restore
+    old = tmp_path / "node-a" / "ws"
+    (old / "src").mkdir(parents=True)
+    (old / "src" / "train.py").write_text("print('hi')\n")
+    os.chmod(old / "src" / "train.py", 0o755)
+    big = os.urandom(CHUNK_SIZE + 1000)  # two chunks
+    (old / "weights.bin").write_bytes(big)
+    (old / ".gpulease" / "venv" / "lib").mkdir(parents=True)
+    (old / ".gpulease" / "venv" / "lib" / "pkg.py").write_text("layer, not moved")
+    conn = connection(http, runner)
+    spec = spec_at(fleet, instance_id, old)
+
+    first = workspace_sync.save(spec, conn)
+    assert first is not None and (first.files, first.sent_chunks) == (2, 3)
+    assert first.bytes == len(big) + len("print('hi')\n")
+    (old / "notes.txt").write_text("new")  # one more file, the rest unchanged
+    second = workspace_sync.save(spec, conn)
+    assert second is not None and (second.files, second.sent_chunks) == (3, 1)
+    shown = ann.get("/api/v1/instances/box").json()
+    assert shown["workspace_saved_at"] is not None and shown["last_node"] is not None
+
+    # stored sealed: no pack holds the plaintext
+    assert rt.vault is not None
+    packs = blob_keys(rt, "w/")
+    assert packs and all(big[:4096] not in rt.vault.store.get(k) for k in packs)
+
+    new = tmp_path / "node-b" / "ws"
+    (new / "old-stale").mkdir(parents=True)
+    (new / "old-stale" / "gone.txt").write_text("from an older copy on this node")
+    restored = workspace_sync.restore(
+        spec_at(fleet, instance_id, new, workspace_restore=True), conn
+    )
+    assert restored is not None and restored.files == 3 and restored.skipped == 1
+    assert (new / "weights.bin").read_bytes() == big
+    assert (new / "src" / "train.py").read_text() == "print('hi')\n"
+    assert os.stat(new / "src" / "train.py").st_mode & 0o100
+    assert (new / "notes.txt").read_text() == "new"
+    assert not (new / "old-stale" / "gone.txt").exists()
+    assert not (new / ".gpulease").exists()  # the venv layer is made again, not moved
+    assert (new.parent / "run" / workspace_sync.WORKDIR_MARKER).exists()  # no workdir over it
+
+    # restoring again fetches nothing: every file is there already
+    inode = os.stat(new / "weights.bin").st_ino
+    again = workspace_sync.restore(spec_at(fleet, instance_id, new, workspace_restore=True), conn)
+    assert again is not None and again.sent_chunks == 0
+    assert os.stat(new / "weights.bin").st_ino == inode
+
+
+def test_links_fifos_and_hard_links_in_a_workspace_are_not_saved(
+    http: TestClient, ann: Caller, tick: Tick, runner_for: RunnerFor, fleet: FakeBackend,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    instance_id, runner = make_running_instance(ann, tick, runner_for, "box")
+    secret = tmp_path / "server-secret"
+    secret.write_text("not the job's")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "ok.txt").write_text("mine")
+    (ws / "link").symlink_to(secret)
+    (ws / "dirlink").symlink_to(tmp_path)
+    os.mkfifo(ws / "pipe")
+    os.link(secret, ws / "hard")
+    conn = connection(http, runner)
+    saved = workspace_sync.save(spec_at(fleet, instance_id, ws), conn)
+    assert saved is not None and saved.files == 1 and saved.skipped == 1  # the hard link
+    snapshot = runner.call("GET", "/workspace/snapshot").json()
+    assert [f["path"] for f in snapshot["files"]] == ["ok.txt"]
+
+
+def test_a_runner_reaches_only_its_own_instances_workspace(
+    http: TestClient, ann: Caller, bob: Caller, tick: Tick, runner_for: RunnerFor,
+    fleet: FakeBackend, tmp_path: Path,
+) -> None:  # fmt: skip
+    ann_id, ann_runner = make_running_instance(ann, tick, runner_for, "box")
+    bob_id, bob_runner = make_running_instance(bob, tick, runner_for, "other")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "private.txt").write_text("ann's")
+    workspace_sync.save(spec_at(fleet, ann_id, ws), connection(http, ann_runner))
+    (sha,) = ann_runner.call("GET", "/workspace/snapshot").json()["files"][0]["chunks"]
+    assert bob_runner.call("GET", "/workspace/snapshot").status_code == 204
+    r = bob_runner.call("POST", "/workspace/chunks/fetch", json={"chunks": [sha]})
+    assert r.status_code == 404 and "no chunk" in r.json()["detail"]
+    # bob's runner may not build a snapshot out of ann's chunks either
+    r = bob_runner.call(
+        "PUT", "/workspace/snapshot",
+        json={"files": [{"path": "x", "size": 5, "mode": 0o644, "mtime": 1.0, "chunks": [sha]}]},
+    )  # fmt: skip
+    assert r.status_code == 409 and "send them first" in r.json()["detail"]
+    assert ann.get("/api/v1/instances/other").status_code == 404
+    no_token = http.get("/runner/v1/workspace/snapshot")
+    assert no_token.status_code == 401
+
+
+def test_bad_workspace_calls_get_a_4xx_that_says_what_is_wrong(
+    ann: Caller, tick: Tick, runner_for: RunnerFor, fleet: FakeBackend
+) -> None:
+    _, runner = make_running_instance(ann, tick, runner_for, "box")
+    sha = "ab" * 32
+
+    def put(**file: object) -> tuple[int, str]:
+        entry = {"path": "a.txt", "size": 0, "mode": 0o644, "mtime": 1.0, "chunks": [], **file}
+        r = runner.call("PUT", "/workspace/snapshot", json={"files": [entry]})
+        return r.status_code, r.json()["detail"]
+
+    assert put(path="../escape")[0] == 422
+    assert put(path="/etc/passwd")[0] == 422
+    assert put(size=-1)[0] == 422
+    assert put(size=10, chunks=[])[1].endswith("not 0")
+    assert put(mode=0o4755)[0] == 422
+    assert put(chunks=["nothex"], size=3)[0] == 422
+    code, detail = put(size=3, chunks=[sha])
+    assert code == 409 and "send them first" in detail
+    r = runner.call("POST", "/workspace/chunks", content=b"\x00" * 10)
+    assert r.status_code == 422 and "malformed chunk pack" in r.json()["detail"]
+    r = runner.call("POST", "/workspace/chunks", content=pack([(sha, b"not its bytes")]))
+    assert r.status_code == 422 and "hash to" in r.json()["detail"]
+    r = runner.call("POST", "/workspace/missing", json={"chunks": [[sha, CHUNK_SIZE + 1]]})
+    assert r.status_code == 422
+    r = runner.call("POST", "/workspace/chunks/fetch", json={"chunks": ["x"]})
+    assert r.status_code == 422
+
+
+def stop(owner: Caller, name: str, tick: Tick, runner: RunnerDouble) -> None:
+    assert owner.post(f"/api/v1/instances/{name}/stop").status_code == 200
+    tick()
+    runner.stopped()
+    tick()
+    assert owner.get(f"/api/v1/instances/{name}").json()["status"] == "stopped"
+
+
+def test_a_start_goes_back_to_its_node_or_moves_when_that_node_is_full_and_is_told(
+    http: TestClient, ann: Caller, bob: Caller, tick: Tick, runner_for: RunnerFor,
+    fleet: FakeBackend, rt: Runtime, tmp_path: Path,
+) -> None:  # fmt: skip
+    far_gpu = DiscoveredGpu(0, "far-0", "T4", "T4", 16 * 1024, simulated=True)
+    with transaction(rt.sessions) as session:
+        (home,) = session.scalars(select(Node)).all()
+        home_name = home.name
+        nodes.register_node(session, "gpu-far", "fake", Inventory(None, None, [far_gpu]))
+    instance_id, runner = make_running_instance(ann, tick, runner_for, "box", gpu="T4:1")
+    assert ann.get("/api/v1/instances/box").json()["node"] == home_name
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("kept")
+    workspace_sync.save(spec_at(fleet, instance_id, ws), connection(http, runner))
+    stop(ann, "box", tick, runner)
+    assert ann.get("/api/v1/instances/box").json()["last_node"] == home_name
+    _, filler = make_running_instance(bob, tick, runner_for, "filler", gpu="T4:1")
+    assert bob.get("/api/v1/instances/filler").json()["node"] == home_name  # it is full now
+
+    assert ann.post("/api/v1/instances/box/start").status_code == 200
+    tick()
+    spec = fleet.started[-1]
+    assert spec.instance_id == instance_id and spec.node == "gpu-far"
+    assert spec.workspace_restore and spec.workspace_save
+    shown = ann.get("/api/v1/instances/box").json()
+    assert shown["last_node"] == "gpu-far"
+    message = f"moved from {home_name} to gpu-far: node {home_name} is full"
+    assert shown["status_message"].startswith(message), shown["status_message"]
+    said = [n["message"] for n in ann.get("/api/v1/notifications").json()]
+    assert any(message in m for m in said), said
+    assert not any(message in n["message"] for n in bob.get("/api/v1/notifications").json())
+
+    # both nodes free again: it goes back to gpu-far, where it last ran (not the first node)
+    moved = runner_for(instance_id)
+    moved.ready()
+    stop(ann, "box", tick, moved)
+    stop(bob, "filler", tick, filler)
+    assert ann.post("/api/v1/instances/box/start").status_code == 200
+    tick()
+    assert fleet.started[-1].node == "gpu-far" and not fleet.started[-1].workspace_restore
+    stop(ann, "box", tick, runner_for(instance_id))
+
+    # storage is metered from the saved copy, not from the server's disk
+    billing.workspace_storage(rt)
+    with transaction(rt.sessions) as session:
+        meter = session.scalars(
+            select(StorageMeter).where(StorageMeter.ref_id == instance_id)
+        ).one()
+        assert meter.kib == 1  # 4 bytes, rounded up to a KiB
+
+    assert ann.post("/api/v1/instances/box/release").status_code == 200
+    tick()
+    with transaction(rt.sessions) as session:
+        assert session.scalar(select(func.count()).select_from(WorkspaceChunk)) == 0
+        scope = StorageKey.scope == f"workspace:{instance_id}"
+        assert session.scalar(select(func.count()).select_from(StorageKey).where(scope)) == 0
+    assert blob_keys(rt, "w/") == [] and blob_keys(rt, "wm/") == []
+    assert fleet.deleted_workspaces == [("gpu-far", str(instance_id))]
