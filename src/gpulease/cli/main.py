@@ -19,6 +19,7 @@ from gpulease.cli import quotas as quota_commands
 from gpulease.cli import simulate as simulate_commands
 from gpulease.cli import statements as statement_commands
 from gpulease.cli import support as support_commands
+from gpulease.cli import sweeps as sweep_commands
 from gpulease.cli.output import fail
 from gpulease.client import ClientError
 from gpulease.core.errors import GpuleaseError, InvalidInput
@@ -102,6 +103,7 @@ GROUPS: dict[str, typer.Typer] = {
     "team": wallets.team_app,
     "dataset": dataset_commands.dataset_app,
     "ticket": support_commands.ticket_app,  # support tickets
+    "sweep": sweep_commands.sweep_app,  # a task over a search space, trial by trial
 }
 
 autostop_commands.register(instances.instance_app)  # instance autostop, schedule, resize

@@ -25,6 +25,7 @@ from gpulease.client.notifications import NotificationsAPI
 from gpulease.client.runs import RunsAPI
 from gpulease.client.statements import StatementsAPI
 from gpulease.client.support import SupportAPI
+from gpulease.client.sweeps import SweepsAPI
 
 
 class GpuleaseClient(Closing):
@@ -58,6 +59,7 @@ class GpuleaseClient(Closing):
         self.statements = StatementsAPI(self.api)
         self.notifications = NotificationsAPI(self.api)
         self.support = SupportAPI(self.api)
+        self.sweeps = SweepsAPI(self.api)
 
     @classmethod
     def from_saved_login(cls, **kwargs: Any) -> GpuleaseClient:
