@@ -140,9 +140,7 @@ class Start:
     node_ids: tuple[int, ...]  # one per gang member
 
 
-# Not frozen: a tick makes one for every waiting request, and a frozen one costs twice as
-# much to make.
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Waiting:
     request_id: int
     position: int  # 1-based among the requests for its GPU model, in policy order

@@ -3,7 +3,7 @@ fullest node that still fits, so a block of 4 stays whole for a 4-GPU request)."
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 
 class FreeMap:
@@ -60,18 +60,12 @@ class FreeMap:
                 return k
         return 0
 
-    def at_least(self, model: str, count: int) -> Iterator[int]:
-        """The nodes with at least `count` free GPUs of `model`."""
-        buckets = self._buckets.get(model, [])
-        for k in range(max(count, 1), len(buckets)):
-            yield from buckets[k]
-
     def fit(
         self,
         model: str,
         count: int,
         nodes: int = 1,
-        allowed: Container[int] | None = None,
+        allowed: frozenset[int] | None = None,
         home: int | None = None,
     ) -> tuple[int, ...] | None:
         """`nodes` distinct nodes with `count` free GPUs of `model` each, tightest first

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -87,48 +86,14 @@ class _Ends:
         return heapq.merge(base(), self.extra)
 
 
-class _Timeline:
-    """Expected ends in time order as a sorted list read from `head` on: the forward
-    simulation takes them from the front, adds new ones in place, and a reservation reads
-    them in order without sorting anything."""
+class _SortedView:
+    """A heap read in time order, sorted only if someone reads it (a reservation)."""
 
-    __slots__ = ("items", "head")
-
-    def __init__(self, ends: Iterable[_End]) -> None:
-        self.items: list[tuple[float, int, _End]] = [(e.at, k, e) for k, e in enumerate(ends)]
-        self.head = 0
-
-    def __bool__(self) -> bool:
-        return self.head < len(self.items)
-
-    def first(self) -> float:
-        return self.items[self.head][0]
-
-    def pop(self) -> _End:
-        self.head += 1
-        return self.items[self.head - 1][2]
-
-    def push(self, at: float, seq: int, end: _End) -> None:
-        bisect.insort(self.items, (at, seq, end), lo=self.head)
+    def __init__(self, heap: list[tuple[float, int, _End]]) -> None:
+        self.heap = heap
 
     def __iter__(self) -> Iterator[_End]:
-        items = self.items
-        return (items[k][2] for k in range(self.head, len(items)))
-
-
-class _Within:
-    """The nodes a backfilled request may take without delaying a reservation: those that
-    will still have `count` GPUs spare at the reserved start (and that it may run on)."""
-
-    __slots__ = ("spare", "count", "allowed")
-
-    def __init__(self, spare: dict[int, int], count: int, allowed: frozenset[int] | None):
-        self.spare, self.count, self.allowed = spare, count, allowed
-
-    def __contains__(self, node_id: object) -> bool:
-        return self.spare.get(node_id, 0) >= self.count and (  # type: ignore[call-overload]
-            self.allowed is None or node_id in self.allowed
-        )
+        return (e for _, _, e in sorted(self.heap))
 
 
 def schedule(
@@ -166,20 +131,17 @@ def schedule(
             ends.add(_End(now + req.duration, req.model, node_ids, req.count, req.owner, req.team))
     etas = _forward(free, ends, waiting, now, config, held_user, held_team, state.node_ids, wanted)
     positions: dict[str, int] = defaultdict(int)
-    want_ids = None if explain is None else {r.id for r in wanted}
-    why, out = result.why, decisions.waiting
-    needs: dict[tuple[str, int, int], str] = {}  # the same words for the same shape
+    want_ids = {r.id for r in wanted}
     for req in waiting:
-        place = positions[req.model] = positions[req.model] + 1
-        if want_ids is not None and req.id not in want_ids:
-            continue
-        reason = why.get(req.id)
-        if not reason:
-            shape = (req.model, req.count, req.nodes)
-            reason = needs.get(shape) or needs.setdefault(shape, _needs(req, free))
-        if place > 1:
-            reason += f"; {place - 1} request{'s' if place != 2 else ''} ahead of you"
-        out[req.id] = Waiting(req.id, place, reason, etas.get(req.id))
+        positions[req.model] += 1
+        if req.id in want_ids:
+            ahead = positions[req.model] - 1
+            reason = result.why.get(req.id) or _needs(req, free)
+            if ahead:
+                reason += f"; {ahead} request{'s' if ahead != 1 else ''} ahead of you"
+            decisions.waiting[req.id] = Waiting(
+                req.id, positions[req.model], reason, etas.get(req.id)
+            )
     return decisions
 
 
@@ -258,43 +220,31 @@ def _reserve(
 ) -> tuple[float, dict[int, int]] | None:
     """The earliest time the running instances' expected ends leave room for `req`, and
     the GPUs of its model each node will still have spare then once `req` holds its own.
-    None when no known end ever makes room.
-
-    As FreeMap.fit would on the free GPUs plus those given back: the nodes that can take
-    `req` are those with enough free now or made so by an end; they only ever grow, and the
-    chosen ones are the tightest (lowest id among equals)."""
-    model, count, allowed = req.model, req.count, req.allowed
-    base = free.nodes(model)
-    added: dict[int, int] = {}
-    ok = {n for n in free.at_least(model, count) if allowed is None or n in allowed}
+    None when no known end ever makes room."""
+    model = req.model
+    later = FreeMap({model: dict(free.nodes(model))})
     pending: float | None = None
-    changed = True  # whether `ok` may have grown since the last look
     for e in ends:
-        if pending is not None and e.at != pending and changed:
-            if len(ok) >= req.nodes:
-                return _spare(base, added, ok, req, max(pending, now))
-            changed = False
+        if pending is not None and e.at != pending:
+            nodes = later.fit(model, req.count, req.nodes, req.allowed)
+            if nodes is not None:
+                return _spare(later, model, nodes, req.count, max(pending, now))
         pending = e.at
         if e.model == model:
-            for n in e.node_ids:
-                got = added[n] = added.get(n, 0) + e.count
-                fits = n not in ok and base.get(n, 0) + got >= count
-                if fits and (allowed is None or n in allowed):
-                    ok.add(n)
-                    changed = True
-    if pending is not None and len(ok) >= req.nodes:
-        return _spare(base, added, ok, req, max(pending, now))
+            later.give(model, e.node_ids, e.count)
+    if pending is not None:
+        nodes = later.fit(model, req.count, req.nodes, req.allowed)
+        if nodes is not None:
+            return _spare(later, model, nodes, req.count, max(pending, now))
     return None
 
 
 def _spare(
-    base: Mapping[int, int], added: dict[int, int], ok: set[int], req: Request, at: float
+    later: FreeMap, model: str, nodes: tuple[int, ...], count: int, at: float
 ) -> tuple[float, dict[int, int]]:
-    spare = dict(base)
-    for n, got in added.items():
-        spare[n] = spare.get(n, 0) + got
-    for n in sorted(ok, key=lambda n: (spare[n], n))[: req.nodes]:
-        spare[n] -= req.count
+    spare = dict(later.nodes(model))
+    for n in nodes:
+        spare[n] -= count
     return at, spare
 
 
@@ -359,8 +309,14 @@ def _greedy(
             shadow, spare = reserved[model]
             end = now + req.duration if req.duration is not None else INF
             if end > shadow:
-                within = _Within(spare, req.count, req.allowed)
-                nodes = free.fit(model, req.count, req.nodes, within, req.home)
+                ok = frozenset(n for n, s in spare.items() if s >= req.count)
+                nodes = free.fit(
+                    model,
+                    req.count,
+                    req.nodes,
+                    ok if req.allowed is None else ok & req.allowed,
+                    req.home,
+                )
                 if nodes is None:
                     out.why[req.id] = (
                         f"{req.count} × {model} are free, but taking them would delay the "
@@ -481,28 +437,25 @@ def _forward(
     arrivals, non-preemptive), with the same greedy pass at each end."""
     free = free.copy()
     held_user, held_team = defaultdict(int, held_user), defaultdict(int, held_team)
-    timeline = _Timeline(ends)
-    seq = len(timeline.items)
+    heap = [(e.at, k, e) for k, e in enumerate(ends)]  # in time order: a valid heap
+    seq = len(heap)
     todo = {r.id for r in wanted}
     etas: dict[int, float] = {}
     queue = list(waiting)
-    gone: set[int] = set()  # started in the simulation; dropped from `queue` now and then
-    lo = 0  # queue[:lo] has all started
+    gone: set[int] = set()
     budget = config.eta_events
-    while todo and timeline and len(queue) > len(gone) and budget > 0:
-        while lo < len(queue) and queue[lo].id in gone:
-            lo += 1
-        at = timeline.first()
-        while timeline and timeline.first() <= at:
-            e = timeline.pop()
+    while todo and heap and len(queue) > len(gone) and budget > 0:
+        at = heap[0][0]
+        while heap and heap[0][0] <= at:
+            e = heapq.heappop(heap)[2]
             free.give(e.model, e.node_ids, e.count)
             held_user[e.owner] -= e.count * len(e.node_ids)
             if e.team is not None:
                 held_team[e.team] -= e.count * len(e.node_ids)
         step = _greedy(
             free,
-            timeline,
-            _alive(queue, gone, lo),
+            _SortedView(heap),
+            _alive(queue, gone),
             max(at, now),
             config,
             held_user,
@@ -521,12 +474,14 @@ def _forward(
             if req.duration is not None and req.count:
                 end = max(at, now) + req.duration
                 seq += 1
-                timeline.push(end, seq, _End(end, req.model, nodes, req.count, req.owner, req.team))
-        if len(gone) >= max(64, len(queue) // 16):
+                heapq.heappush(
+                    heap, (end, seq, _End(end, req.model, nodes, req.count, req.owner, req.team))
+                )
+        if len(gone) >= 64:
             queue = [r for r in queue if r.id not in gone]
-            gone, lo = set(), 0
+            gone = set()
     return etas
 
 
-def _alive(queue: list[Request], gone: set[int], lo: int) -> Iterator[Request]:
-    return (r for r in itertools.islice(queue, lo, None) if r.id not in gone)
+def _alive(queue: list[Request], gone: set[int]) -> Iterator[Request]:
+    return (r for r in queue if r.id not in gone)
