@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from sqlalchemy import select
 
@@ -91,6 +93,10 @@ def test_bad_points_are_refused_with_what_to_do(
     nan = b'{"points": [{"key": "loss", "step": 1, "value": NaN, "time": 1.7e9}]}'
     assert "leave NaN" in refused(None, raw=nan)
     assert "5000" in refused({"points": [_point("loss", s, 1.0) for s in range(5001)]})
+    assert "points.0.value" in refused({"points": [{**_point("loss", 1, 1.0), "value": "x"}]})
+    assert "points.0.step" in refused({"points": [{"key": "loss", "value": 1, "time": T0}]})
+    assert "invalid batch" in refused(None, raw=b'{"points": [')
+    assert "invalid batch" in refused([1, 2])
     # nothing of a refused batch was stored
     assert ann.get(f"/api/v1/runs/{run_id}/metrics").json()["keys"] == []
     bad_query = ann.get(f"/api/v1/runs/{run_id}/metrics", params={"max_points": 1})
@@ -107,6 +113,37 @@ def test_bad_points_are_refused_with_what_to_do(
         == 401
     )
     assert instance_id != other
+
+
+def test_a_batch_is_stored_as_sent_to_the_microsecond(
+    ann: Caller,
+    tick: Callable[[], None],
+    runner_for: Callable[[int], RunnerDouble],
+    rt: Runtime,
+) -> None:
+    """Times are stored as datetime.fromtimestamp rounds them (half to even at the
+    microsecond, carried into the second), on both databases; of a batch's repeats of one
+    (key, step, source) the first is kept; a point without a source is the SDK's."""
+    _, run_id, runner = _running_run(ann, tick, runner_for)
+    fractions = [0.0, 1 / 128, 3 / 128, 0.9999996, 0.9999994, 0.1234565, 0.5, 0.000001]
+    fractions += [random.Random(7).random() for _ in range(200)]
+    sent = [T0 + i + f for i, f in enumerate(fractions)]
+    batch = [_point("loss", i, i / 7, source="stdout") | {"time": t} for i, t in enumerate(sent)]
+    batch.append(_point("loss", 0, 99.0, source="stdout"))  # a repeat: not kept
+    batch.append({"key": "acc", "step": 3, "value": 1, "time": T0})
+    _send(runner, run_id, batch)
+    with transaction(rt.sessions) as session:
+        rows = session.execute(
+            select(MetricPoint.key, MetricPoint.step, MetricPoint.value, MetricPoint.time)
+            .where(MetricPoint.run_id == run_id, MetricPoint.key == "loss")
+            .order_by(MetricPoint.step)
+        ).all()
+        acc = session.execute(
+            select(MetricPoint.source, MetricPoint.value).where(MetricPoint.key == "acc")
+        ).one()
+    assert [r.time for r in rows] == [datetime.fromtimestamp(t, UTC) for t in sent]
+    assert [r.value for r in rows] == [i / 7 for i in range(len(sent))]
+    assert tuple(acc) == ("sdk", 1.0)
 
 
 def test_a_run_of_100000_points_draws_from_at_most_max_points(

@@ -14,15 +14,19 @@ from gpulease.server.services.metrics.gpus import (
 )
 from gpulease.server.services.metrics.points import (
     PointIn,
+    WirePoint,
     ingest_points,
+    parse_points,
     points_after,
     points_csv,
     series,
+    store_points,
 )
 
 __all__ = [
     "GpuReadingIn",
     "PointIn",
+    "WirePoint",
     "gpu_heatmap",
     "ingest_instance_samples",
     "ingest_node_readings",
@@ -31,7 +35,9 @@ __all__ = [
     "instance_samples_after",
     "last_instance_sample_id",
     "latest_gpu_samples",
+    "parse_points",
     "points_after",
     "points_csv",
     "series",
+    "store_points",
 ]

@@ -2,44 +2,76 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any, Literal, NotRequired, cast
 
+from pydantic import Field, TypeAdapter, ValidationError
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
+from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
 from gpulease.core.errors import InvalidInput
 from gpulease.schemas.metrics import (
+    METRIC_KEY,
     METRIC_KEY_PATTERN,
     MetricPointPublic,
     MetricSeries,
     RunMetrics,
 )
+from gpulease.schemas.runner import RunnerMetrics
 from gpulease.schemas.runs import RunPublic
 from gpulease.server.orm import MetricPoint, Run
 from gpulease.server.services.metrics.downsample import min_max_indices
 
 KEY_PATTERN = METRIC_KEY_PATTERN
-SOURCES = ("sdk", "tensorboard", "stdout")  # also the preference when two report one step
+Source = Literal["sdk", "tensorboard", "stdout"]
+# the sources, also in the order of preference when two report one step
+SOURCES: tuple[Source, ...] = ("sdk", "tensorboard", "stdout")
 MAX_BATCH = 5000
 MAX_STEP = 2**63 - 1
 MAX_SERIES = 50
 MIN_POINTS, MAX_POINTS = 10, 20_000
 _EARLIEST, _LATEST = 946_684_800.0, 4_102_444_800.0  # 2000-01-01 .. 2100-01-01
-_PG_UNNEST_INSERT = text(
+# One statement over the batch as JSON (pydantic writes it; no per-value parameters). Times
+# become timestamps exactly as datetime.fromtimestamp rounds them: the whole seconds plus the
+# fraction's microseconds, rounded half to even (PostgreSQL's round of a double is C's rint).
+# On a conflict the first point of the statement is kept: rows go in in the array's order.
+_PG_INSERT = text(
     "INSERT INTO metric_points (run_id, key, step, value, time, source) "
-    "SELECT :run_id, k, s, v, t, src FROM unnest("
-    "CAST(:keys AS varchar[]), CAST(:steps AS bigint[]), CAST(:values AS double precision[]), "
-    "CAST(:times AS timestamptz[]), CAST(:sources AS varchar[])) AS u(k, s, v, t, src) "
-    "ON CONFLICT (run_id, source, key, step) DO NOTHING"
+    "SELECT :run_id, p.key, p.step, p.value, "
+    "to_timestamp(trunc(p.time)) "
+    "+ round((p.time - trunc(p.time)) * 1e6) * interval '1 microsecond', "
+    "coalesce(p.source, 'sdk') FROM jsonb_to_recordset(CAST(:points AS jsonb)) AS p(key varchar, "
+    "step bigint, value double precision, time double precision, source varchar) "
+    "ON CONFLICT (run_id, key, step, source) DO NOTHING"
 )
 _SQLITE_INSERT = (
     "INSERT INTO metric_points (run_id, key, step, value, time, source) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, source, key, step) DO NOTHING"
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, key, step, source) DO NOTHING"
 )
+
+
+class WirePoint(TypedDict):
+    """A point as the runner's JSON carries it (schemas.runner.RunnerMetricPoint), with every
+    rule of _check written as a constraint, so that one pydantic pass checks a whole batch."""
+
+    key: Annotated[str, Field(pattern=f"^{METRIC_KEY}$")]
+    step: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    value: Annotated[float, Field(allow_inf_nan=False)]
+    time: Annotated[float, Field(ge=_EARLIEST, le=_LATEST)]
+    source: NotRequired[Source]
+
+
+class _WireBatch(TypedDict):
+    points: Annotated[list[WirePoint], Field(max_length=MAX_BATCH)]
+
+
+_BATCH = TypeAdapter(_WireBatch)
+_POINTS = TypeAdapter(list[WirePoint])
 
 
 @dataclass(frozen=True)
@@ -73,51 +105,86 @@ def _check(index: int, p: PointIn) -> None:
         raise InvalidInput(f"{where}: source must be one of {', '.join(SOURCES)}")
 
 
+def parse_points(raw: bytes) -> list[WirePoint]:
+    """A runner's batch, {"points": [...]}, from its JSON bytes, checked in one pass. A batch
+    that fails is read again point by point, to say which point is wrong and why."""
+    try:
+        return _BATCH.validate_json(raw)["points"]
+    except ValidationError as exc:
+        raise _refusal(raw, exc) from None
+
+
+def _refusal(raw: bytes, exc: ValidationError) -> InvalidInput:
+    """What is wrong with a batch that parse_points refused, in _check's words where it can."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "body"
+    refusal = InvalidInput(
+        f"invalid batch: {where}: {first['msg']}; send "
+        '{"points": [{"key": ..., "step": ..., "value": ..., "time": ..., "source": ...}]}'
+    )
+    try:
+        body = json.loads(raw)  # NaN and Infinity too, to name them
+        count = len(body["points"])
+        if count > MAX_BATCH:
+            return InvalidInput(f"{count} points in one batch; send at most {MAX_BATCH}")
+        for i, p in enumerate(RunnerMetrics.model_validate(body).points):
+            _check(i, PointIn(p.key, p.step, p.value, p.time, p.source))
+    except InvalidInput as named:
+        return named
+    except (ValueError, TypeError, KeyError, ValidationError):
+        pass
+    return refusal
+
+
 def ingest_points(session: Session, run: Run, points: Sequence[PointIn]) -> int:
-    """Store a batch of a run's points; returns how many were new. A (source, key, step)
-    the run already has is skipped (insert-or-ignore, on SQLite and PostgreSQL alike), so a
-    retried batch stores nothing twice. Any invalid point refuses the whole batch."""
+    """Store a batch of a run's points (see store_points); any invalid point refuses the whole
+    batch."""
     if len(points) > MAX_BATCH:
         raise InvalidInput(f"{len(points)} points in one batch; send at most {MAX_BATCH}")
-    seen: set[tuple[str, str, int]] = set()
-    keys: list[str] = []
-    steps: list[int] = []
-    values: list[float] = []
-    times: list[datetime] = []
-    sources: list[str] = []
     for i, p in enumerate(points):
         _check(i, p)
-        identity = (p.source, p.key, p.step)
-        if identity in seen:
-            continue  # the first of a batch's repeats is the one kept
-        seen.add(identity)
-        keys.append(p.key)
-        steps.append(p.step)
-        values.append(float(p.value))
-        times.append(datetime.fromtimestamp(p.time, UTC))
-        sources.append(p.source)
-    if not keys:
+    return store_points(
+        session,
+        run,
+        [
+            WirePoint(
+                key=p.key,
+                step=p.step,
+                value=float(p.value),
+                time=p.time,
+                source=cast(Source, p.source),  # one of SOURCES: _check says so
+            )
+            for p in points
+        ],
+    )
+
+
+def store_points(session: Session, run: Run, points: list[WirePoint]) -> int:
+    """Store checked points of a run (from parse_points); returns how many were new. A
+    (key, step, source) the run already has is skipped (insert-or-ignore, on SQLite and
+    PostgreSQL alike), so a retried batch stores nothing twice; of a batch's own repeats the
+    first is kept."""
+    if not points:
         return 0
     if session.get_bind().dialect.name == "postgresql":
-        # one statement over arrays: several times faster than a multi-row VALUES
         result = session.execute(
-            _PG_UNNEST_INSERT,
-            {
-                "run_id": run.id,
-                "keys": keys,
-                "steps": steps,
-                "values": values,
-                "times": times,
-                "sources": sources,
-            },
+            _PG_INSERT, {"run_id": run.id, "points": _POINTS.dump_json(points).decode()}
         )
         return max(int(getattr(result, "rowcount", 0)), 0)
     # SQLite: the driver's executemany of plain tuples, times as UTCDateTime writes them
     # (naive UTC, "YYYY-MM-DD HH:MM:SS.ffffff"), without SQLAlchemy's per-row processing
-    stamps = [t.replace(tzinfo=None).isoformat(" ", "microseconds") for t in times]
-    rows = [(run.id, *row) for row in zip(keys, steps, values, stamps, sources, strict=True)]
+    stamps = {t: _sqlite_time(t) for t in {p["time"] for p in points}}
+    run_id = run.id
+    rows = [
+        (run_id, p["key"], p["step"], p["value"], stamps[p["time"]], p.get("source", "sdk"))
+        for p in points
+    ]
     result = session.connection().exec_driver_sql(_SQLITE_INSERT, rows)
     return max(int(getattr(result, "rowcount", 0)), 0)
+
+
+def _sqlite_time(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).isoformat(" ", "microseconds")[:26]
 
 
 def metric_keys(session: Session, run: Run) -> list[str]:
