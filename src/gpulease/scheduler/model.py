@@ -35,7 +35,6 @@ class Request:
     duration: float | None = None
     attained: float = 0.0
     allowed: frozenset[int] | None = None  # nodes that can run it (their driver); None: any
-    home: int | None = None  # the node it last ran on: placed there again when it fits
 
     @property
     def gpus(self) -> int:
@@ -140,7 +139,9 @@ class Start:
     node_ids: tuple[int, ...]  # one per gang member
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a tick makes one for every waiting request, and a frozen one costs twice as
+# much to make.
+@dataclass(slots=True)
 class Waiting:
     request_id: int
     position: int  # 1-based among the requests for its GPU model, in policy order

@@ -3,7 +3,7 @@ fullest node that still fits, so a block of 4 stays whole for a 4-GPU request)."
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 
 
 class FreeMap:
@@ -60,28 +60,20 @@ class FreeMap:
                 return k
         return 0
 
+    def at_least(self, model: str, count: int) -> Iterator[int]:
+        """The nodes with at least `count` free GPUs of `model`."""
+        buckets = self._buckets.get(model, [])
+        for k in range(max(count, 1), len(buckets)):
+            yield from buckets[k]
+
     def fit(
-        self,
-        model: str,
-        count: int,
-        nodes: int = 1,
-        allowed: frozenset[int] | None = None,
-        home: int | None = None,
+        self, model: str, count: int, nodes: int = 1, allowed: Container[int] | None = None
     ) -> tuple[int, ...] | None:
         """`nodes` distinct nodes with `count` free GPUs of `model` each, tightest first
-        (lowest id among equals), or None when there are not enough of them. A one-node
-        request goes to `home` (the node it last ran on, where its workspace is) whenever
-        that node fits it."""
+        (lowest id among equals), or None when there are not enough of them."""
         buckets = self._buckets.get(model)
         if buckets is None or count < 1:
             return None
-        if (
-            home is not None
-            and nodes == 1
-            and self.free(model, home) >= count
-            and (allowed is None or home in allowed)
-        ):
-            return (home,)
         chosen: list[int] = []
         for k in range(count, len(buckets)):
             bucket = buckets[k]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -86,14 +87,48 @@ class _Ends:
         return heapq.merge(base(), self.extra)
 
 
-class _SortedView:
-    """A heap read in time order, sorted only if someone reads it (a reservation)."""
+class _Timeline:
+    """Expected ends in time order as a sorted list read from `head` on: the forward
+    simulation takes them from the front, adds new ones in place, and a reservation reads
+    them in order without sorting anything."""
 
-    def __init__(self, heap: list[tuple[float, int, _End]]) -> None:
-        self.heap = heap
+    __slots__ = ("items", "head")
+
+    def __init__(self, ends: Iterable[_End]) -> None:
+        self.items: list[tuple[float, int, _End]] = [(e.at, k, e) for k, e in enumerate(ends)]
+        self.head = 0
+
+    def __bool__(self) -> bool:
+        return self.head < len(self.items)
+
+    def first(self) -> float:
+        return self.items[self.head][0]
+
+    def pop(self) -> _End:
+        self.head += 1
+        return self.items[self.head - 1][2]
+
+    def push(self, at: float, seq: int, end: _End) -> None:
+        bisect.insort(self.items, (at, seq, end), lo=self.head)
 
     def __iter__(self) -> Iterator[_End]:
-        return (e for _, _, e in sorted(self.heap))
+        items = self.items
+        return (items[k][2] for k in range(self.head, len(items)))
+
+
+class _Within:
+    """The nodes a backfilled request may take without delaying a reservation: those that
+    will still have `count` GPUs spare at the reserved start (and that it may run on)."""
+
+    __slots__ = ("spare", "count", "allowed")
+
+    def __init__(self, spare: dict[int, int], count: int, allowed: frozenset[int] | None):
+        self.spare, self.count, self.allowed = spare, count, allowed
+
+    def __contains__(self, node_id: object) -> bool:
+        return self.spare.get(node_id, 0) >= self.count and (  # type: ignore[call-overload]
+            self.allowed is None or node_id in self.allowed
+        )
 
 
 def schedule(
@@ -131,17 +166,20 @@ def schedule(
             ends.add(_End(now + req.duration, req.model, node_ids, req.count, req.owner, req.team))
     etas = _forward(free, ends, waiting, now, config, held_user, held_team, state.node_ids, wanted)
     positions: dict[str, int] = defaultdict(int)
-    want_ids = {r.id for r in wanted}
+    want_ids = None if explain is None else {r.id for r in wanted}
+    why, out = result.why, decisions.waiting
+    needs: dict[tuple[str, int, int], str] = {}  # the same words for the same shape
     for req in waiting:
-        positions[req.model] += 1
-        if req.id in want_ids:
-            ahead = positions[req.model] - 1
-            reason = result.why.get(req.id) or _needs(req, free)
-            if ahead:
-                reason += f"; {ahead} request{'s' if ahead != 1 else ''} ahead of you"
-            decisions.waiting[req.id] = Waiting(
-                req.id, positions[req.model], reason, etas.get(req.id)
-            )
+        place = positions[req.model] = positions[req.model] + 1
+        if want_ids is not None and req.id not in want_ids:
+            continue
+        reason = why.get(req.id)
+        if not reason:
+            shape = (req.model, req.count, req.nodes)
+            reason = needs.get(shape) or needs.setdefault(shape, _needs(req, free))
+        if place > 1:
+            reason += f"; {place - 1} request{'s' if place != 2 else ''} ahead of you"
+        out[req.id] = Waiting(req.id, place, reason, etas.get(req.id))
     return decisions
 
 
@@ -220,31 +258,43 @@ def _reserve(
 ) -> tuple[float, dict[int, int]] | None:
     """The earliest time the running instances' expected ends leave room for `req`, and
     the GPUs of its model each node will still have spare then once `req` holds its own.
-    None when no known end ever makes room."""
-    model = req.model
-    later = FreeMap({model: dict(free.nodes(model))})
+    None when no known end ever makes room.
+
+    As FreeMap.fit would on the free GPUs plus those given back: the nodes that can take
+    `req` are those with enough free now or made so by an end; they only ever grow, and the
+    chosen ones are the tightest (lowest id among equals)."""
+    model, count, allowed = req.model, req.count, req.allowed
+    base = free.nodes(model)
+    added: dict[int, int] = {}
+    ok = {n for n in free.at_least(model, count) if allowed is None or n in allowed}
     pending: float | None = None
+    changed = True  # whether `ok` may have grown since the last look
     for e in ends:
-        if pending is not None and e.at != pending:
-            nodes = later.fit(model, req.count, req.nodes, req.allowed)
-            if nodes is not None:
-                return _spare(later, model, nodes, req.count, max(pending, now))
+        if pending is not None and e.at != pending and changed:
+            if len(ok) >= req.nodes:
+                return _spare(base, added, ok, req, max(pending, now))
+            changed = False
         pending = e.at
         if e.model == model:
-            later.give(model, e.node_ids, e.count)
-    if pending is not None:
-        nodes = later.fit(model, req.count, req.nodes, req.allowed)
-        if nodes is not None:
-            return _spare(later, model, nodes, req.count, max(pending, now))
+            for n in e.node_ids:
+                got = added[n] = added.get(n, 0) + e.count
+                fits = n not in ok and base.get(n, 0) + got >= count
+                if fits and (allowed is None or n in allowed):
+                    ok.add(n)
+                    changed = True
+    if pending is not None and len(ok) >= req.nodes:
+        return _spare(base, added, ok, req, max(pending, now))
     return None
 
 
 def _spare(
-    later: FreeMap, model: str, nodes: tuple[int, ...], count: int, at: float
+    base: Mapping[int, int], added: dict[int, int], ok: set[int], req: Request, at: float
 ) -> tuple[float, dict[int, int]]:
-    spare = dict(later.nodes(model))
-    for n in nodes:
-        spare[n] -= count
+    spare = dict(base)
+    for n, got in added.items():
+        spare[n] = spare.get(n, 0) + got
+    for n in sorted(ok, key=lambda n: (spare[n], n))[: req.nodes]:
+        spare[n] -= req.count
     return at, spare
 
 
@@ -274,10 +324,10 @@ def _greedy(
         if budget is not None and len(out.starts) >= budget:
             break
         model = req.model
-        if req.count == 0:  # CPU only: any allowed node, its home first
+        if req.count == 0:  # CPU only: any allowed node
             allowed = [n for n in node_ids if req.allowed is None or n in req.allowed]
             if allowed:
-                out.starts.append((req, (req.home if req.home in allowed else min(allowed),)))
+                out.starts.append((req, (min(allowed),)))
             elif explain_all:
                 out.why[req.id] = "needs a node that can run its template; none is ready"
             continue
@@ -291,7 +341,7 @@ def _greedy(
             if refusal is not None:
                 out.why[req.id] = refusal
                 continue
-            nodes = free.fit(model, req.count, req.nodes, req.allowed, req.home)
+            nodes = free.fit(model, req.count, req.nodes, req.allowed)
         if nodes is None:
             if policy == "fifo":
                 blocked.add(model)
@@ -309,14 +359,8 @@ def _greedy(
             shadow, spare = reserved[model]
             end = now + req.duration if req.duration is not None else INF
             if end > shadow:
-                ok = frozenset(n for n, s in spare.items() if s >= req.count)
-                nodes = free.fit(
-                    model,
-                    req.count,
-                    req.nodes,
-                    ok if req.allowed is None else ok & req.allowed,
-                    req.home,
-                )
+                within = _Within(spare, req.count, req.allowed)
+                nodes = free.fit(model, req.count, req.nodes, within)
                 if nodes is None:
                     out.why[req.id] = (
                         f"{req.count} × {model} are free, but taking them would delay the "
@@ -437,25 +481,28 @@ def _forward(
     arrivals, non-preemptive), with the same greedy pass at each end."""
     free = free.copy()
     held_user, held_team = defaultdict(int, held_user), defaultdict(int, held_team)
-    heap = [(e.at, k, e) for k, e in enumerate(ends)]  # in time order: a valid heap
-    seq = len(heap)
+    timeline = _Timeline(ends)
+    seq = len(timeline.items)
     todo = {r.id for r in wanted}
     etas: dict[int, float] = {}
     queue = list(waiting)
-    gone: set[int] = set()
+    gone: set[int] = set()  # started in the simulation; dropped from `queue` now and then
+    lo = 0  # queue[:lo] has all started
     budget = config.eta_events
-    while todo and heap and len(queue) > len(gone) and budget > 0:
-        at = heap[0][0]
-        while heap and heap[0][0] <= at:
-            e = heapq.heappop(heap)[2]
+    while todo and timeline and len(queue) > len(gone) and budget > 0:
+        while lo < len(queue) and queue[lo].id in gone:
+            lo += 1
+        at = timeline.first()
+        while timeline and timeline.first() <= at:
+            e = timeline.pop()
             free.give(e.model, e.node_ids, e.count)
             held_user[e.owner] -= e.count * len(e.node_ids)
             if e.team is not None:
                 held_team[e.team] -= e.count * len(e.node_ids)
         step = _greedy(
             free,
-            _SortedView(heap),
-            _alive(queue, gone),
+            timeline,
+            _alive(queue, gone, lo),
             max(at, now),
             config,
             held_user,
@@ -474,14 +521,12 @@ def _forward(
             if req.duration is not None and req.count:
                 end = max(at, now) + req.duration
                 seq += 1
-                heapq.heappush(
-                    heap, (end, seq, _End(end, req.model, nodes, req.count, req.owner, req.team))
-                )
-        if len(gone) >= 64:
+                timeline.push(end, seq, _End(end, req.model, nodes, req.count, req.owner, req.team))
+        if len(gone) >= max(64, len(queue) // 16):
             queue = [r for r in queue if r.id not in gone]
-            gone = set()
+            gone, lo = set(), 0
     return etas
 
 
-def _alive(queue: list[Request], gone: set[int]) -> Iterator[Request]:
-    return (r for r in queue if r.id not in gone)
+def _alive(queue: list[Request], gone: set[int], lo: int) -> Iterator[Request]:
+    return (r for r in itertools.islice(queue, lo, None) if r.id not in gone)
