@@ -35,6 +35,7 @@ class Request:
     duration: float | None = None
     attained: float = 0.0
     allowed: frozenset[int] | None = None  # nodes that can run it (their driver); None: any
+    home: int | None = None  # the node it last ran on: placed there again when it fits
 
     @property
     def gpus(self) -> int:

@@ -67,13 +67,27 @@ class FreeMap:
             yield from buckets[k]
 
     def fit(
-        self, model: str, count: int, nodes: int = 1, allowed: Container[int] | None = None
+        self,
+        model: str,
+        count: int,
+        nodes: int = 1,
+        allowed: Container[int] | None = None,
+        home: int | None = None,
     ) -> tuple[int, ...] | None:
         """`nodes` distinct nodes with `count` free GPUs of `model` each, tightest first
-        (lowest id among equals), or None when there are not enough of them."""
+        (lowest id among equals), or None when there are not enough of them. A one-node
+        request goes to `home` (the node it last ran on, where its workspace is) whenever
+        that node fits it."""
         buckets = self._buckets.get(model)
         if buckets is None or count < 1:
             return None
+        if (
+            home is not None
+            and nodes == 1
+            and self.free(model, home) >= count
+            and (allowed is None or home in allowed)
+        ):
+            return (home,)
         chosen: list[int] = []
         for k in range(count, len(buckets)):
             bucket = buckets[k]

@@ -324,10 +324,10 @@ def _greedy(
         if budget is not None and len(out.starts) >= budget:
             break
         model = req.model
-        if req.count == 0:  # CPU only: any allowed node
+        if req.count == 0:  # CPU only: any allowed node, its home first
             allowed = [n for n in node_ids if req.allowed is None or n in req.allowed]
             if allowed:
-                out.starts.append((req, (min(allowed),)))
+                out.starts.append((req, (req.home if req.home in allowed else min(allowed),)))
             elif explain_all:
                 out.why[req.id] = "needs a node that can run its template; none is ready"
             continue
@@ -341,7 +341,7 @@ def _greedy(
             if refusal is not None:
                 out.why[req.id] = refusal
                 continue
-            nodes = free.fit(model, req.count, req.nodes, req.allowed)
+            nodes = free.fit(model, req.count, req.nodes, req.allowed, req.home)
         if nodes is None:
             if policy == "fifo":
                 blocked.add(model)
@@ -360,7 +360,7 @@ def _greedy(
             end = now + req.duration if req.duration is not None else INF
             if end > shadow:
                 within = _Within(spare, req.count, req.allowed)
-                nodes = free.fit(model, req.count, req.nodes, within)
+                nodes = free.fit(model, req.count, req.nodes, within, req.home)
                 if nodes is None:
                     out.why[req.id] = (
                         f"{req.count} × {model} are free, but taking them would delay the "
