@@ -25,6 +25,7 @@ from factories import RunnerDouble
 from gpulease.client import GpuleaseClient
 from gpulease.schemas.accounts import LoginRequest
 from gpulease.schemas.runs import RunCreate
+from gpulease.schemas.sweeps import SweepCreate, SweepSpace, SweepTask
 
 if TYPE_CHECKING:
     from playwright.sync_api import BrowserContext, Page, Request, Response
@@ -154,6 +155,18 @@ def test_every_console_page_is_clean_for_an_admin_and_a_renter(
         expect(queued).to_have_text(re.compile(r"^waiting \d+ (s|min)"))
         shot(page, "pages-dashboard.png")
         visit(page, f"{base}/runs/compare?ids={done.id},{waiting.id}")
+
+        # A sweep: its page overlays every trial's curve of the metric on one chart.
+        swept = ann.sweeps.create(
+            SweepCreate(
+                task=SweepTask(run="python train.py --lr ${lr}", gpu=None),
+                space=SweepSpace(grid={"lr": ["0.1", "0.01"]}),
+                metric="val_acc",
+            )
+        )
+        visit(page, base + "/sweeps")
+        visit(page, f"{base}/sweeps/{swept.id}")
+        page.wait_for_function("() => !!window.gpuleaseCharts['sweep:val_acc']")
 
         # The instance page: its terminal fits inside its card.
         visit(page, f"{base}/instances/{instance.id}")

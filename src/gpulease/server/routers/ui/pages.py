@@ -15,6 +15,7 @@ from gpulease.server.routers.ui import instances as instance_pages
 from gpulease.server.routers.ui import notification_settings as notification_pages
 from gpulease.server.routers.ui import runs as run_pages
 from gpulease.server.routers.ui import support as support_pages
+from gpulease.server.routers.ui import sweeps as sweep_pages
 
 router = APIRouter(include_in_schema=False)
 for area in (account, dashboard):
@@ -25,6 +26,7 @@ router.include_router(dataset_pages.router)
 router.include_router(catalog_pages.router)  # the GPU catalog
 router.include_router(instance_pages.router)  # after create: /instances/new is not an id
 router.include_router(run_pages.router)  # a run's page, comparing runs
+router.include_router(sweep_pages.router)  # sweeps: their trials and curves together
 router.include_router(admin_pages.router)  # the admin console: nodes, users, prices
 for area in (terminal, jupyter_proxy):  # the browser terminal, the JupyterLab proxy
     router.include_router(area.router)

@@ -64,6 +64,7 @@ NAV: tuple[NavItem, ...] = (
     NavItem("catalog", "Catalog", "/catalog"),
     NavItem("create", "Create", "/instances/new"),
     NavItem("datasets", "Datasets", "/datasets"),
+    NavItem("sweeps", "Sweeps", "/sweeps"),
     NavItem("billing", "Billing", "/billing"),
     NavItem("support", "Support", "/support"),
     NavItem("admin", "Admin", "/admin", admin_only=True),

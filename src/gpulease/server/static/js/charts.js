@@ -151,6 +151,37 @@
     }
   }
 
+  // One chart of one key in a new box of `grid`: the curve of each run of the RunsCompared
+  // JSON at url (GET /api/v1/runs/compare, /api/v1/sweeps/{id}/curves), overlaid, each
+  // labelled label(run, i) in color(i); `name` prefixes its key in window.gpuleaseCharts.
+  // The chart's reload() reads url again and redraws the same runs' curves.
+  async function overlay(grid, key, url, label, name) {
+    const el = box(grid, key);
+    el.dataset.metricKey = key;
+    const data = await load(url, el, key);
+    if (!data) return null;
+    const chart = new Chart(el, {
+      title: key,
+      name: name + ":" + key,
+      series: data.runs.map((r, i) => ({ label: label(r, i), color: color(i) })),
+    });
+    const draw = (answer) =>
+      chart.set(
+        align(
+          answer.runs.map((r) => {
+            const s = (r.series || []).find((x) => x.key === key);
+            return s ? { steps: s.steps, values: s.values } : { steps: [], values: [] };
+          })
+        )
+      );
+    draw(data);
+    chart.reload = async () => {
+      const fresh = await load(url, el, key);
+      if (fresh && fresh.runs.length === data.runs.length) draw(fresh);
+    };
+    return chart;
+  }
+
   // A titled box for a chart, appended to `parent`.
   function box(parent, name) {
     const el = document.createElement("div");
@@ -167,5 +198,6 @@
   }
 
   window.GpuleaseCharts = {
-    keyOrder: keyOrder, Chart: Chart, Curve: Curve, align: align, color: color, load: load, box: box, page: page, compact: compact };
+    keyOrder: keyOrder, Chart: Chart, Curve: Curve, align: align, color: color, load: load, box: box, page: page, compact: compact,
+    overlay: overlay };
 })();

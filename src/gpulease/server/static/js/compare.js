@@ -12,21 +12,9 @@ window.GpuleaseCharts.page("compare", (card, C) => {
     if (item) item.style.setProperty("--run-color", C.color(i));
   });
 
-  async function drawKey(key) {
-    const el = C.box(grid, key);
-    el.dataset.metricKey = key;
-    const data = await C.load(`/api/v1/runs/compare?ids=${encodeURIComponent(ids)}&key=${encodeURIComponent(key)}`, el, key);
-    if (!data) return;
-    const curves = data.runs.map((r) => {
-      const s = (r.series || []).find((x) => x.key === key);
-      return s ? { steps: s.steps, values: s.values } : { steps: [], values: [] };
-    });
-    const chart = new C.Chart(el, {
-      title: key,
-      name: "compare:" + key,
-      series: data.runs.map((r, i) => ({ label: "#" + r.run.id, color: C.color(i) })),
-    });
-    chart.set(C.align(curves));
+  function drawKey(key) {
+    const url = `/api/v1/runs/compare?ids=${encodeURIComponent(ids)}&key=${encodeURIComponent(key)}`;
+    return C.overlay(grid, key, url, (r) => "#" + r.run.id, "compare");
   }
 
   if (ids) keys.sort(C.keyOrder).forEach(drawKey);
