@@ -319,6 +319,9 @@ def _greedy(
     blocked: set[str] = set()
     heads: dict[str, Request] = {}  # the first blocked request per model (EASY)
     reserved: dict[str, tuple[float, dict[int, int]]] = {}
+    # (model, count, nodes) that found no node within the reservation's spare GPUs since
+    # the last start: the next request of that shape finds none either (a start clears it)
+    hopeless: dict[tuple[str, int, int], str] = {}  # -> the reason, worded once
     models = set(free.models())
     for req in order:
         if budget is not None and len(out.starts) >= budget:
@@ -359,17 +362,24 @@ def _greedy(
             shadow, spare = reserved[model]
             end = now + req.duration if req.duration is not None else INF
             if end > shadow:
-                within = _Within(spare, req.count, req.allowed)
-                nodes = free.fit(model, req.count, req.nodes, within, req.home)
+                shape = (model, req.count, req.nodes)
+                if req.allowed is None and shape in hopeless:
+                    nodes = None
+                else:
+                    within = _Within(spare, req.count, req.allowed)
+                    nodes = free.fit(model, req.count, req.nodes, within, req.home)
                 if nodes is None:
-                    out.why[req.id] = (
+                    out.why[req.id] = hopeless.get(shape) or (
                         f"{req.count} × {model} are free, but taking them would delay the "
                         "reserved start of a request ahead of it"
                     )
+                    if req.allowed is None:
+                        hopeless[shape] = out.why[req.id]
                     continue
                 for n in nodes:
                     spare[n] -= req.count
         free.take(model, nodes, req.count)
+        hopeless.clear()
         held_user[req.owner] += req.gpus
         if req.team is not None:
             held_team[req.team] += req.gpus
