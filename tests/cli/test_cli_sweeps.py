@@ -128,12 +128,16 @@ def test_sweep_refusals(cli: Cli, tmp_path: Path) -> None:
     assert cli.server.user("ann").instances.list() == []
 
 
-def test_another_users_sweep_is_not_found(cli: Cli, tmp_path: Path) -> None:
-    cli.login_as("ann")
-    started = cli("sweep", str(_task(tmp_path)), "--grid", "lr=0.1", "--detach")
+def test_a_command_sweep_and_another_users_sweep(cli: Cli) -> None:
+    ann = cli.login_as("ann")
+    started = cli("sweep", "--grid", "lr=0.1", "--detach", "--", "python train.py --lr ${lr}")
     assert started.exit_code == 0, started.output
+    assert "gpulease sweep show 1" in started.stderr
+    (run,) = ann.runs.list()
+    assert run.command == "python train.py --lr 0.1"
     cli.login_as("bob")
     result = cli("sweep", "show", "1")
     assert result.exit_code == 1
     assert "you have no sweep 1" in result.stderr
-    assert "no sweeps yet" in cli("sweep", "ls").stderr + cli("sweep", "ls").stdout
+    listing = cli("sweep", "ls")
+    assert "no sweeps yet" in listing.stderr + listing.stdout

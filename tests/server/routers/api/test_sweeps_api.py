@@ -222,3 +222,18 @@ def test_a_metric_no_trial_reported_is_named_once_the_sweep_ended(
     by_loss = ann.get(f"/api/v1/sweeps/{sweep['id']}", params={"metric": "loss"}).json()
     assert by_loss["metric"] == "loss"
     assert by_loss["best_trial"] == 1
+
+
+def test_trials_beyond_the_quota_wait_in_the_queue(
+    ann: Caller, admin: Caller, tick: Callable[[], None]
+) -> None:
+    r = admin.put("/api/v1/admin/quotas/users/ann", json={"max_gpus": 1})
+    assert r.status_code == 200, r.text
+    task = {"run": "python train.py", "gpu": "A100-80GB:1"}  # two free A100s, a quota of one
+    sweep = _create(ann, task=task, space={"grid": {"lr": ["0.1", "0.01"]}})
+    tick()
+    shown = ann.get(f"/api/v1/sweeps/{sweep['id']}").json()
+    first, second = shown["trials"]
+    assert first["instance_status"] == "starting"
+    assert second["instance_status"] == "queued"
+    assert "quota" in second["status"], second["status"]
