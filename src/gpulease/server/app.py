@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import DataError
 
 from gpulease.backends.base import Backend
 from gpulease.core.errors import GpuleaseError
@@ -105,6 +106,14 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _validation_message(exc)}, status_code=422)
+
+    @app.exception_handler(DataError)
+    async def _unstorable(request: Request, exc: DataError) -> JSONResponse:
+        # PostgreSQL refuses NUL in text, wherever a request's string reaches a query.
+        if "NUL" not in str(exc.orig):
+            raise exc
+        message = "invalid request: text cannot contain NUL (\\u0000) characters"
+        return JSONResponse({"detail": message}, status_code=422)
 
     # metrics first, so /runs/compare is not read as a run id
     app.include_router(metrics_api.router, prefix="/api/v1")

@@ -235,6 +235,19 @@ def test_odd_bearer_headers_get_a_401(http: TestClient, rt: Runtime) -> None:
     assert long_address.get("/api/v1/me", headers={"Authorization": "Bearer q"}).status_code == 401
 
 
+def test_a_nul_in_a_login_is_a_4xx(http: TestClient, database_url: str) -> None:
+    status, _, detail = login(http, "ann\u0000", "pass\u0000word")
+    if database_url.startswith("postgresql"):  # PostgreSQL refuses NUL in text
+        assert (status, detail) == (
+            422,
+            "invalid request: text cannot contain NUL (\\u0000) characters",
+        )
+    else:
+        assert status == 401
+    r = http.post("/api/v1/auth/register", json={"name": "ann\u0000", "password": PASSWORD})
+    assert r.status_code == 422
+
+
 def test_old_attempts_are_pruned_but_the_latest_failed_logins_stay(
     http: TestClient, rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
