@@ -14,12 +14,11 @@ from sqlalchemy import func, select
 from starlette.testclient import TestClient
 
 from factories import Caller, make_user
-from gpulease.backends.fake import FakeBackend
 from gpulease.server.app import create_app
-from gpulease.server.db import transaction
+from gpulease.server.db import make_engine, make_sessionmaker, transaction
 from gpulease.server.orm import AuthAttempt
 from gpulease.server.routers.deps import SESSION_COOKIE
-from gpulease.server.runtime import Runtime, build_runtime
+from gpulease.server.runtime import Runtime
 from gpulease.server.services import ratelimit
 from gpulease.server.services.ratelimit import (
     REGISTER,
@@ -28,7 +27,6 @@ from gpulease.server.services.ratelimit import (
     address_key,
     token_name,
 )
-from gpulease.server.settings import Settings
 
 WINDOW = 900  # the default GPULEASE_AUTH_WINDOW_S
 PASSWORD = "password-123"  # make_user's
@@ -172,21 +170,24 @@ def test_sliding_window_forgets_attempts_one_by_one(rt: Runtime) -> None:
 
 
 def test_replicas_share_the_counts(
-    http: TestClient, rt: Runtime, settings: Settings, ann: Caller
+    http: TestClient, rt: Runtime, ann: Caller, database_url: str
 ) -> None:
-    """Two server processes on one database: what one counted, the other refuses."""
+    """Two server processes on one database, each with its guard and its own connections:
+    what one counted, the other refuses."""
+    rt.settings.login_failures_per_account = rt.settings.token_failures_per_address = 2
     clock = injected_clock(http, rt)
-    other_rt = build_runtime(settings, FakeBackend())
+    engine = make_engine(database_url)
     try:
-        other_app = create_app(settings, runtime=other_rt, reconcilers=False)
-        other_app.state.auth_guard = AuthGuard(settings, other_rt.sessions, clock=clock)
+        other_app = create_app(rt.settings, runtime=rt, reconcilers=False)
+        other_guard = AuthGuard(rt.settings, make_sessionmaker(engine), clock=clock)
+        other_app.state.auth_guard = other_guard
         with TestClient(other_app) as other:
-            for _ in range(rt.settings.login_failures_per_account):
+            for _ in range(2):
                 assert login(http, "ann", "wrong-guess-1")[0] == 401
             status, headers, detail = login(other, "ann", PASSWORD)
             assert status == 429 and "failed logins for 'ann'" in detail
             assert int(headers["retry-after"]) == WINDOW
-            for i in range(rt.settings.token_failures_per_address):
+            for i in range(2):
                 r = other.get("/api/v1/me", headers={"Authorization": f"Bearer glp_guess{i}"})
                 assert r.status_code == 401
             r = http.get("/api/v1/me", headers=ann.headers)
@@ -195,7 +196,7 @@ def test_replicas_share_the_counts(
             assert login(other, "ann", PASSWORD)[0] == 200
             assert http.get("/api/v1/me", headers=ann.headers).status_code == 200
     finally:
-        other_rt.engine.dispose()
+        engine.dispose()
 
 
 def test_guessing_one_token_from_many_addresses_is_limited(
