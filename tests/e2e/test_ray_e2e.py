@@ -94,15 +94,18 @@ def test_a_run_on_a_ray_node_streams_its_log_back(
         "register", "--server", platform.url, "--name", "ann", "--password", "password-123"
     )
     result = platform.cli(
-        "run", "--gpu", "A100-80GB:2", "--template", "python", "--", "echo hello from a ray node"
-    )
+        "run", "--gpu", "A100-80GB:2", "--template", "python", "--",
+        "echo hello from a ray node; echo $GPULEASE_NODE",
+    )  # fmt: skip
     assert "hello from a ray node" in result.stdout
+    node = result.stdout.split()[-1]
     (instance,) = platform.cli_json("instance", "ls", "--all")  # type: ignore[misc]
-    # its runner lived on the node, its files under that node's home
-    spec_files = list(ray_cluster.node_home.glob(f"gpu-*/runners/{instance['id']}/spec.json"))
-    assert len(spec_files) == 1, spec_files
-    assert (spec_files[0].parents[2] / "workspaces").is_dir()
     platform.wait_status(str(instance["id"]), "released")
+    # its runner lived on the node, its files under that node's home, deleted at release
+    home = ray_cluster.node_home / node
+    assert (home / "runners").is_dir() and (home / "workspaces").is_dir()
+    mine = [home / "runners" / str(instance["id"]), home / "workspaces" / str(instance["id"])]
+    assert wait_for(lambda: not any(p.exists() for p in mine), 10), mine
     # the actor ended with its runner: its Ray worker process is gone
     assert wait_for(lambda: not actor_processes(), 20), actor_processes()
 
@@ -225,3 +228,52 @@ def test_a_node_that_dies_ends_its_instance_and_a_retry_finishes_on_another_node
     assert seconds == int((ended_at - started_at).total_seconds())
     assert ledger_total == charged
     assert wait_for(lambda: gpus(platform)["T4"]["total"] == 0, 30)  # gone nodes not counted
+
+
+def placed(platform: Platform, name: str) -> dict[str, Any] | None:
+    got = platform.cli_json("instance", "show", name)
+    assert isinstance(got, dict)
+    return got if got["status"] in ("starting", "running") else None
+
+
+def test_a_stopped_instance_whose_node_is_full_starts_on_another_with_its_workspace(
+    platform: Platform, ray_cluster: RayCluster
+) -> None:
+    platform.cli(
+        "register", "--server", platform.url, "--name", "eve", "--password", "password-123"
+    )
+    # gpu-a and gpu-b hold 2 A100s each: an instance of 2 fills its node
+    create = ("instance", "create", "--gpu", "A100-80GB:2", "--template", "python", "--wait")
+    platform.cli(*create, "--name", "mover")
+    first = platform.cli_json("instance", "show", "mover")
+    assert isinstance(first, dict)
+    node_a = first["node"]
+    write = (
+        "mkdir -p data && echo kept > data/notes.txt && chmod +x data/notes.txt"
+        " && head -c 5000000 /dev/urandom > data/big.bin && sha256sum data/big.bin"
+    )
+    digest = platform.cli("exec", "mover", "--", "sh", "-c", write).stdout.split()[0]
+    platform.cli("instance", "stop", "mover")
+    saved = platform.wait_status("mover", "stopped", timeout=60)
+    assert saved["last_node"] == node_a and saved["workspace_saved_at"] is not None
+    # best fit, lowest node id: the filler takes node A (placed is enough: it holds the GPUs)
+    platform.cli(*create[:-1], "--name", "filler")
+    filler = wait_for(lambda: placed(platform, "filler"), 10)
+    assert filler and filler["node"] == node_a, (filler, node_a)
+
+    platform.cli("instance", "start", "mover")
+    moved = platform.wait_status("mover", "running", timeout=60)
+    node_b = moved["node"]
+    assert node_b in {"gpu-a", "gpu-b"} and node_b != node_a
+    assert moved["last_node"] == node_b
+    check = "cat data/notes.txt; test -x data/notes.txt && echo x; sha256sum data/big.bin"
+    said = platform.cli("exec", "mover", "--", "sh", "-c", check).stdout.split()
+    assert said[:3] == ["kept", "x", digest], said
+    with sqlite3.connect(platform.database_url.removeprefix("sqlite:///")) as db:
+        told = [m for (m,) in db.execute("SELECT message FROM notifications")]
+    why = f"instance mover moved from {node_a} to {node_b}: node {node_a} is full"
+    assert any(m.startswith(why) for m in told), told
+    for name in ("mover", "filler"):
+        platform.cli("instance", "release", name)
+    for name in ("mover", "filler"):
+        platform.wait_status(name, "released", timeout=60)
