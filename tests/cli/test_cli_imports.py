@@ -33,3 +33,42 @@ def test_gpulease_help_works_in_a_fresh_process() -> None:
     answer = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert answer.returncode == 0, answer.stderr
     assert "Usage" in answer.stdout and "instance" in answer.stdout and "server" in answer.stdout
+
+
+def loaded_modules(code: str) -> list[str]:
+    """The modules a fresh interpreter holds after running code."""
+    program = f"import json, sys\n{code}\nprint(json.dumps(sorted(sys.modules)))\n"
+    answer = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    return list(json.loads(answer.stdout.splitlines()[-1]))
+
+
+def under(loaded: list[str], tops: tuple[str, ...]) -> list[str]:
+    return [name for name in loaded if any(name == t or name.startswith(t + ".") for t in tops)]
+
+
+def test_gpulease_help_imports_no_command_module_and_no_http_stack() -> None:
+    code = (
+        "import contextlib, io, sys\nsys.argv = ['gpulease', '--help']\n"
+        "from gpulease.cli.main import app\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    app()"
+    )
+    loaded = loaded_modules(code)
+    commands = [m for m in under(loaded, ("gpulease.cli",)) if m != "gpulease.cli"]
+    assert commands == ["gpulease.cli.main"]
+    assert under(loaded, ("httpx", "pydantic", "rich", "gpulease.client")) == []
+
+
+def test_each_command_listed_by_help_has_that_help() -> None:
+    """COMMANDS keeps each command's text so that `gpulease --help` imports nothing; it
+    must be the first paragraph of the command's own help."""
+    import inspect
+
+    from gpulease.cli.main import COMMANDS, click_command
+
+    for name, lazy in COMMANDS.items():
+        command = click_command(name, lazy.load())
+        first = inspect.cleandoc(command.help or "").split("\n\n")[0].replace("\n", " ")
+        assert lazy.help == first, name

@@ -10,13 +10,12 @@ certificate later is refused with CertificateChanged.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import socket
 import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
-
-import httpx
 
 from gpulease.client.errors import ClientError
 
@@ -63,6 +62,18 @@ def pinned_context(pem: str) -> ssl.SSLContext:
     return context
 
 
+def ca_context() -> ssl.SSLContext:
+    """A client context that verifies servers against the CAs httpx trusts by default
+    (httpx.create_ssl_context): SSL_CERT_FILE, else SSL_CERT_DIR, else certifi's bundle."""
+    import certifi
+
+    if os.environ.get("SSL_CERT_FILE"):
+        return ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+    if os.environ.get("SSL_CERT_DIR"):
+        return ssl.create_default_context(capath=os.environ["SSL_CERT_DIR"])
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 def address(url: str) -> str:
     """host:port of an https URL, the key a pin is stored under."""
     parts = urlsplit(url)
@@ -85,7 +96,7 @@ def fetch_certificate(url: str, timeout: float = HANDSHAKE_TIMEOUT_S) -> Present
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or 443
-    verifying = httpx.create_ssl_context()
+    verifying = ca_context()
     try:
         with (
             socket.create_connection((host, port), timeout=timeout) as sock,
@@ -122,7 +133,8 @@ def _unverified_certificate(host: str, port: int, timeout: float) -> bytes | Non
 
 
 def certificate_problem(exc: BaseException) -> ssl.SSLCertVerificationError | None:
-    """The certificate verification failure behind an httpx error, if that is what it is."""
+    """The certificate verification failure behind an error (httpx's or the standard
+    library's), if that is what it is."""
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, ssl.SSLCertVerificationError):
