@@ -245,7 +245,7 @@ def curves(session: Session, states: list[TrialState], key: str) -> dict[int, ru
     """Each trial's points of `key` by step (over every run of its instance: a resumed run
     goes on where the first left off); one value per step, by the sources' preference."""
     by_instance = {s.instance.id: s.trial.index for s in states}
-    rank = {source: i for i, source in enumerate(SOURCES)}
+    rank: dict[str, int] = {source: i for i, source in enumerate(SOURCES)}
     points: dict[int, dict[int, tuple[int, float]]] = defaultdict(dict)
     rows = session.execute(
         select(Run.instance_id, MetricPoint.step, MetricPoint.value, MetricPoint.source)
