@@ -98,6 +98,7 @@ def test_random_draws_repeat_with_their_seed_and_stay_in_range() -> None:
         ({}, [Range("lr", 0, 1)], 1001, "1,001 trials, above the limit of 1,000"),
         ({"lr": ["1"]}, [Range("lr", 0, 1)], 3, "lr is given more than once"),
         ({"lr": []}, [], None, "no values"),
+        ({}, [], 4, "give at least one --range or --grid"),
     ],
 )
 def test_bad_spaces_are_refused(

@@ -180,6 +180,10 @@ def make_space(
         random=trials,
         seed=seed,
     )
+    if not names and trials:
+        raise InvalidInput(
+            "--random N draws values of parameters: give at least one --range or --grid"
+        )
     if trials is None and ranges:
         raise InvalidInput(
             "a --range is drawn from, so it needs --random N (the number of trials); "
