@@ -51,14 +51,20 @@ def under(loaded: list[str], tops: tuple[str, ...]) -> list[str]:
 def test_gpulease_help_imports_no_command_module_and_no_http_stack() -> None:
     code = (
         "import contextlib, io, sys\nsys.argv = ['gpulease', '--help']\n"
-        "from gpulease.cli.main import app\n"
+        "from gpulease.cli.entry import main\n"
         "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
-        "    app()"
+        "    main()"
     )
     loaded = loaded_modules(code)
     commands = [m for m in under(loaded, ("gpulease.cli",)) if m != "gpulease.cli"]
-    assert commands == ["gpulease.cli.main"]
+    assert sorted(commands) == ["gpulease.cli.entry", "gpulease.cli.main"]
     assert under(loaded, ("httpx", "pydantic", "rich", "gpulease.client")) == []
+
+
+def test_the_quick_exec_path_imports_no_http_library_models_or_typer() -> None:
+    loaded = loaded_modules("import gpulease.cli.entry, gpulease.client.quickexec")
+    assert under(loaded, ("httpx", "pydantic", "typer", "rich", "click", *SERVER_SIDE)) == []
+    assert under(loaded, ("gpulease.schemas", "gpulease.client.api")) == []
 
 
 def test_each_command_listed_by_help_has_that_help() -> None:

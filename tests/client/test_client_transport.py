@@ -19,7 +19,7 @@ from gpulease.client import (
     ServerUnreachable,
     StatusEvent,
 )
-from gpulease.client.runstream import SseMessage, parse_sse
+from gpulease.client.sse import SseMessage, parse_sse
 from gpulease.schemas.instances import InstanceCreate
 from gpulease.schemas.runs import RunCreate
 

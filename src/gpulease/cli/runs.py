@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 import secrets
-import shlex
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -42,14 +42,17 @@ from gpulease.client import (
     ClientError,
     EndEvent,
     GpuleaseClient,
+    InstanceRef,
     LogEvent,
+    RunStreamEvent,
     WorkdirArchive,
     pack_workdir,
     position,
 )
+from gpulease.client.runstream import ExecEvent
 from gpulease.core.durations import span
 from gpulease.core.money import format_credits
-from gpulease.core.run_commands import first_line, own_command
+from gpulease.core.run_commands import command_text, first_line, own_command, shell_exit_code
 from gpulease.core.taskspec import (
     AcceleratorChoice,
     Amount,
@@ -59,7 +62,7 @@ from gpulease.core.taskspec import (
 )
 from gpulease.schemas.catalog import GpuModelPublic
 from gpulease.schemas.instances import InstanceCreate, InstancePublic
-from gpulease.schemas.runs import LogChunkPublic, RunCreate, RunPublic
+from gpulease.schemas.runs import ExecStarted, LogChunkPublic, RunCreate, RunPublic
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXIT_INTERRUPTED = 130
@@ -86,11 +89,6 @@ def parse_env(values: list[str] | None) -> dict[str, str]:
             raise typer.BadParameter(f"{item!r}: write it as KEY=VALUE, e.g. --env LR=0.01")
         env[key] = value
     return env
-
-
-def command_text(args: list[str]) -> str:
-    """One argument is a shell script as is (`-- 'a && b'`); several are quoted and joined."""
-    return args[0] if len(args) == 1 else shlex.join(args)
 
 
 def write_chunk(chunk: LogChunkPublic) -> None:
@@ -129,12 +127,9 @@ def stream_run(client: GpuleaseClient, run_id: int, after: int = -1) -> EndEvent
 def exit_code_of(client: GpuleaseClient, run_id: int, end: EndEvent) -> int:
     """The shell's view of the run: its exit code, 128+N for signal N, 1 when it failed
     without one (its instance stopped, say), which is then explained on stderr."""
-    if end.exit_code is not None:
-        if end.exit_code < 0:
-            return 128 + min(-end.exit_code, 127)
-        return end.exit_code if end.exit_code <= 255 else 1
-    if end.status == "succeeded":
-        return 0
+    code = shell_exit_code(end.exit_code, end.status)
+    if code is not None:
+        return code
     run = client.runs.get(run_id)
     why = f": {run.status_reason}" if run.status_reason else " without an exit code"
     error(f"run {run_id} {run.status}{why}")
@@ -150,17 +145,50 @@ def exec_(
 
     gpulease exec my-box -- python train.py --epochs 3
     """
-    variables = parse_env(env)
+    body = RunCreate(command=command_text(command), env=parse_env(env))
     with logged_in_client() as client:
-        run = client.runs.create(ref, RunCreate(command=command_text(command), env=variables))
-        note(f"run {run.id} on instance {ref}")
-        try:
-            wait_until_started(client, ref)  # says what a queued or starting one waits for
-            end = stream_run(client, run.id)
-        except KeyboardInterrupt:
-            note(f"run {run.id} keeps running; follow it with `gpulease logs {run.id} -f`")
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        code = exit_code_of(client, run.id, end)
+        events = client.runs.exec(ref, body, on_reconnect=_ReconnectNotice())
+        first = next(events)  # a refusal raises here
+        if not isinstance(first, ExecEvent):
+            raise ClientError("the server's exec answer did not start with its run")
+        note(f"run {first.started.run.id} on instance {ref}")
+        code = follow_exec(client, ref, first.started, events)
+    raise typer.Exit(code)
+
+
+def follow_exec(
+    client: GpuleaseClient,
+    ref: InstanceRef,
+    started: ExecStarted,
+    events: Iterator[ExecEvent | RunStreamEvent],
+) -> int:
+    """Print an exec's output until its run ends (once its instance runs, saying what a
+    queued or starting one waits for); the exit code for the shell."""
+    run_id = started.run.id
+    try:
+        if started.instance_status != "running":
+            wait_until_started(client, ref)
+        for event in events:
+            if isinstance(event, LogEvent):
+                write_chunk(event.chunk)
+            elif isinstance(event, EndEvent):
+                return exit_code_of(client, run_id, event)
+    except KeyboardInterrupt:
+        note(f"run {run_id} keeps running; follow it with `gpulease logs {run_id} -f`")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    raise ClientError(f"the log stream of run {run_id} ended without its end")
+
+
+def resume_exec(ref: str, started_json: str, after: int) -> None:
+    """The rest of an exec that cli/quick.py started and announced: from its run's event
+    stream after log chunk `after`, through the SDK (its instance was not running yet, the
+    answer broke, or the run ended without an exit code)."""
+    started = ExecStarted.model_validate_json(started_json)
+    with logged_in_client() as client:
+        events = client.runs.stream(
+            started.run.id, position(after), metrics=False, on_reconnect=_ReconnectNotice()
+        )
+        code = follow_exec(client, ref, started, events)
     raise typer.Exit(code)
 
 

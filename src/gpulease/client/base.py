@@ -6,7 +6,6 @@ Every resource group (client/instances.py, client/runs.py, ...) talks through on
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypedDict, TypeVar
@@ -16,7 +15,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from gpulease.client.config import TrustedCertificate, normalize_server_url
-from gpulease.client.errors import ApiError, ClientError, ServerUnreachable
+from gpulease.client.errors import ApiError, ClientError, ServerUnreachable, refusal_text
 from gpulease.client.trust import (
     CertificateChanged,
     UntrustedCertificate,
@@ -54,21 +53,8 @@ def body_of(model: BaseModel) -> dict[str, Any]:
 
 def error_from_response(response: httpx.Response) -> ApiError:
     """The ApiError for a 4xx/5xx answer: the server's `detail` text when it sent one."""
-    detail: str | None = None
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and "detail" in body:
-        raw = body["detail"]
-        detail = raw if isinstance(raw, str) else json.dumps(raw)
-    if not detail:
-        status = f"{response.status_code} {response.reason_phrase}".strip()
-        if response.status_code >= 500:
-            detail = f"the server failed ({status}); the server's log has the cause"
-        else:
-            detail = f"the server refused the request ({status})"
-    return ApiError(response.status_code, detail)
+    text = refusal_text(response.status_code, response.reason_phrase, response.content)
+    return ApiError(response.status_code, text)
 
 
 class StreamProtocolError(ValueError):
@@ -182,10 +168,39 @@ class Transport:
     def one(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
         """The answer parsed as `model`."""
         response = self.send(method, path, **kwargs)
+        return self.parse(model, path, response.content)
+
+    def parse(self, model: type[M], path: str, text: str | bytes) -> M:
+        """JSON from the answer to path, as `model`."""
         try:
-            return model.model_validate(response.json())
+            return model.model_validate_json(text)
         except (ValidationError, ValueError) as exc:
             raise self.unexpected(path, exc) from exc
+
+    def post_events(self, path: str, body: BaseModel) -> Iterator[str]:
+        """POST body to path and yield the text lines of its event-stream answer, until the
+        server ends it or the connection breaks (then the lines just stop: the caller knows
+        whether it got everything). A refusal raises ApiError, no answer ServerUnreachable,
+        before the first line. Never retried: a POST may have acted already."""
+        timeout = httpx.Timeout(self.timeout, read=STREAM_READ_TIMEOUT_S)
+        try:
+            with self._http.stream(
+                "POST",
+                self.url(path),
+                json=body_of(body),
+                headers=self.headers({"Accept": "text/event-stream"}),
+                timeout=timeout,
+            ) as response:
+                if response.is_error:
+                    response.read()
+                    raise error_from_response(response)
+                try:
+                    yield from response.iter_lines()
+                except httpx.TransportError as exc:
+                    if certificate_problem(exc) is not None:
+                        raise self.transport_error(exc) from exc
+        except httpx.TransportError as exc:
+            raise self.transport_error(exc) from exc
 
     def many(self, model: type[M], path: str, **kwargs: Any) -> list[M]:
         """A GET whose answer is a list of `model`."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 
 class ClientError(Exception):
     """Base of every error the SDK raises; `message` is ready to show to a person."""
@@ -37,3 +39,22 @@ class NotLoggedIn(ClientError):
 
 class WorkdirError(ClientError):
     """A workdir that cannot be packed: missing, too big, or with a link leading outside."""
+
+
+def refusal_text(status: int, reason: str, body: bytes) -> str:
+    """What to tell a person about a 4xx/5xx answer: the server's `detail` when its JSON
+    body has one, else the status in words."""
+    detail: str | None = None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and "detail" in parsed:
+        raw = parsed["detail"]
+        detail = raw if isinstance(raw, str) else json.dumps(raw)
+    if detail:
+        return detail
+    text = f"{status} {reason}".strip()
+    if status >= 500:
+        return f"the server failed ({text}); the server's log has the cause"
+    return f"the server refused the request ({text})"

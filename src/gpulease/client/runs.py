@@ -4,18 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from gpulease.client.base import InstanceRef, Params, ReconnectHook, Resource, path_part
+from gpulease.client.base import (
+    InstanceRef,
+    Params,
+    ReconnectHook,
+    Resource,
+    StreamProtocolError,
+    path_part,
+)
+from gpulease.client.errors import ClientError
 from gpulease.client.runstream import (
     START,
     EndEvent,
-    LogEvent,
+    ExecEvent,
+    Follower,
     RunStreamEvent,
-    StatusEvent,
-    decode_event,
-    parse_sse,
 )
+from gpulease.client.sse import parse_sse
 from gpulease.schemas.metrics import RunMetrics, RunsCompared
-from gpulease.schemas.runs import LogPage, RunCreate, RunPublic
+from gpulease.schemas.runs import ExecStarted, LogPage, RunCreate, RunPublic
 
 
 class RunsAPI(Resource):
@@ -88,9 +95,7 @@ class RunsAPI(Resource):
         ServerUnreachable only after `give_up_after` seconds without getting anything
         through (None: never).
         """
-        cursor = since
-        seen_seq = _log_seq(since)
-        last_status: str | None = None
+        follower = Follower(since)
         query: dict[str, str] = {
             "logs": "true" if logs else "false",
             "metrics": "true" if metrics else "false",
@@ -99,27 +104,11 @@ class RunsAPI(Resource):
             query["keys"] = ",".join(keys)
 
         def params() -> Params:
-            return {**query, "since": cursor}
+            return {**query, "since": follower.cursor}
 
         def events(lines: Iterator[str]) -> Iterator[RunStreamEvent | None]:
-            nonlocal cursor, seen_seq, last_status
             for message in parse_sse(lines):
-                event = decode_event(message)
-                if message.id is not None:
-                    cursor = message.id
-                # A reconnect resumes after the last event, and repeats the current status:
-                # pass that over, and (to be safe) any chunk already delivered.
-                if isinstance(event, LogEvent):
-                    if event.chunk.seq <= seen_seq:
-                        event = None
-                    else:
-                        seen_seq = event.chunk.seq
-                elif isinstance(event, StatusEvent):
-                    if event.run.status == last_status:
-                        event = None
-                    else:
-                        last_status = event.run.status
-                yield event
+                yield follower.take(message)
 
         return self._api.resumable_stream(
             f"/runs/{int(run_id)}/stream",
@@ -133,8 +122,34 @@ class RunsAPI(Resource):
             on_reconnect=on_reconnect,
         )
 
-
-def _log_seq(since: str) -> int:
-    """The log part of a stream position (the server refuses a malformed one)."""
-    head = since.partition(":")[0].strip()
-    return int(head) if head.lstrip("-").isdigit() else -1
+    def exec(
+        self, ref: InstanceRef, body: RunCreate, *, on_reconnect: ReconnectHook | None = None
+    ) -> Iterator[ExecEvent | RunStreamEvent]:
+        """Run `body.command` in the instance and follow it, in one request: first an
+        ExecEvent (the run, and whether its instance was running), then the run's events
+        as stream() gives them with metrics=False, until its EndEvent. A refusal raises
+        before anything is yielded. A broken answer is resumed with stream() from the last
+        event, never by posting again (that would start the command twice)."""
+        path = f"/instances/{path_part(ref)}/exec"
+        follower = Follower()
+        run_id: int | None = None
+        for message in parse_sse(self._api.post_events(path, body)):
+            if message.event == "run" and run_id is None:
+                started = self._api.parse(ExecStarted, path, message.data)
+                run_id = started.run.id
+                yield ExecEvent(started)
+                continue
+            try:
+                event = follower.take(message)
+            except StreamProtocolError as exc:
+                raise self._api.unexpected(path, exc) from exc
+            if event is not None:
+                yield event
+                if isinstance(event, EndEvent):
+                    return
+        if run_id is None:
+            raise ClientError(
+                f"the server at {self._api.server_url} ended the exec before naming its run; "
+                "`gpulease runs` shows whether it started"
+            )
+        yield from self.stream(run_id, follower.cursor, metrics=False, on_reconnect=on_reconnect)

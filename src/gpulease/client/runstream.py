@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from gpulease.client.base import StreamProtocolError
+from gpulease.client.sse import SseMessage
 from gpulease.schemas.metrics import MetricPointPublic
-from gpulease.schemas.runs import LogChunkPublic, RunPublic
+from gpulease.schemas.runs import ExecStarted, LogChunkPublic, RunPublic
 
 START = "-1:0"
 """The stream position before everything: every log chunk and metric point."""
@@ -54,34 +54,43 @@ RunStreamEvent = LogEvent | MetricEvent | StatusEvent | EndEvent
 
 
 @dataclass(frozen=True)
-class SseMessage:
-    id: str | None
-    event: str
-    data: str
+class ExecEvent:
+    """The first event of an exec (RunsAPI.exec): the run it created, and its instance's
+    status then."""
+
+    started: ExecStarted
 
 
-def parse_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
-    """Server-sent events with their ids, from text lines (without line ends). A message is
-    only complete at its blank line, so one cut off by a dropped connection is never used."""
-    event: str = "message"
-    event_id: str | None = None
-    data: list[str] = []
-    for line in lines:
-        if not line:
-            if data:
-                yield SseMessage(event_id, event, "\n".join(data))
-            event, event_id, data = "message", None, []
-        elif line.startswith(":"):
-            continue  # the server's keep-alive
-        else:
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "event":
-                event = value
-            elif name == "data":
-                data.append(value)
-            elif name == "id":
-                event_id = value
+class Follower:
+    """Where a client is in one run's event stream: the position to resume from (the last
+    event id) and what it already got, so that events a reconnect repeats (the current
+    status, a chunk delivered before) are passed over."""
+
+    def __init__(self, since: str = START) -> None:
+        self.cursor = since
+        self.seen_seq = log_seq_of(since)
+        self.last_status: str | None = None
+
+    def take(self, message: SseMessage) -> RunStreamEvent | None:
+        """The message's event, or None for one to pass over."""
+        event = decode_event(message)
+        if message.id is not None:
+            self.cursor = message.id
+        if isinstance(event, LogEvent):
+            if event.chunk.seq <= self.seen_seq:
+                return None
+            self.seen_seq = event.chunk.seq
+        elif isinstance(event, StatusEvent):
+            if event.run.status == self.last_status:
+                return None
+            self.last_status = event.run.status
+        return event
+
+
+def log_seq_of(since: str) -> int:
+    """The log part of a stream position (the server refuses a malformed one)."""
+    head = since.partition(":")[0].strip()
+    return int(head) if head.lstrip("-").isdigit() else -1
 
 
 def decode_event(message: SseMessage) -> RunStreamEvent | None:

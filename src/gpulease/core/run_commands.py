@@ -36,3 +36,20 @@ def first_line(command: str | None, width: int = 60) -> str:
     '…' where something was left out."""
     lines = (command or "").strip().splitlines() or [""]
     return lines[0][:width] + ("…" if len(lines) > 1 or len(lines[0]) > width else "")
+
+
+def command_text(args: list[str]) -> str:
+    """A command line as the run's bash script: one argument is a shell script as is
+    (`-- 'a && b'`); several are quoted and joined."""
+    return args[0] if len(args) == 1 else shlex.join(args)
+
+
+def shell_exit_code(exit_code: int | None, status: str) -> int | None:
+    """A run's end as the shell sees it: its exit code, 128+N for signal N (the protocol's
+    -N), 1 for a code past 255; 0 for a run that succeeded without one; None when it ended
+    otherwise without one (its instance stopped, say), for the caller to explain."""
+    if exit_code is not None:
+        if exit_code < 0:
+            return 128 + min(-exit_code, 127)
+        return exit_code if exit_code <= 255 else 1
+    return 0 if status == "succeeded" else None

@@ -52,3 +52,11 @@ class LogPage(BaseModel):
     run: RunPublic
     chunks: list[LogChunkPublic]
     next_after: int
+
+
+class ExecStarted(BaseModel):
+    """The first event of `POST /instances/{ref}/exec`: the run it created, and the status
+    of its instance then (a queued or starting one runs it once it is running)."""
+
+    run: RunPublic
+    instance_status: str

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from gpulease.core.errors import Conflict, InvalidInput, NotFound
 from gpulease.core.ids import MAX_ID
 from gpulease.core.run_commands import own_command
+from gpulease.schemas.runs import RunCreate
 from gpulease.server.db import utcnow
 from gpulease.server.orm import Instance, LogChunk, Run, User
 from gpulease.server.runner_doorbell import ring_after_commit
@@ -70,6 +71,18 @@ def create_run(
     session.flush()
     ring_after_commit(session, instance.id)  # the runner's long poll answers at once
     return run
+
+
+def create_requested_run(session: Session, instance: Instance, body: RunCreate) -> Run:
+    """create_run with what a request body asks for (POST /instances/{ref}/runs, /exec)."""
+    return create_run(
+        session,
+        instance,
+        body.command,
+        body.env,
+        stop_instance_on_exit=body.stop_instance_on_exit,
+        task_name=body.task_name,
+    )
 
 
 def get_run(session: Session, owner: User, run_id: int) -> Run:

@@ -148,14 +148,7 @@ def create_run(
     after: BackgroundTasks,
 ) -> RunPublic:
     instance = lifecycle.get_instance(session, user, ref)
-    run = runs.create_run(
-        session,
-        instance,
-        body.command,
-        body.env,
-        stop_instance_on_exit=body.stop_instance_on_exit,
-        task_name=body.task_name,
-    )
+    run = runs.create_requested_run(session, instance, body)
     after.add_task(request.app.state.signals.runs.fire)  # after the commit: runners long-poll
     return RunPublic.model_validate(run)
 

@@ -1,0 +1,148 @@
+"""`gpulease exec`'s quick path (cli/entry.py, client/quickexec.py): the in-process server
+app served on a loopback port, since the quick path speaks HTTP itself."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+from inprocess import InProcessServer
+
+from gpulease.cli import entry, instances
+from gpulease.schemas.instances import InstanceCreate
+
+
+@pytest.fixture
+def over_tcp(server: InProcessServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The server's app on 127.0.0.1 (its reconcilers stay the FakeCluster's); the URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(server.http.app, log_level="warning", lifespan="off", ws="none")
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not uv.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("GPULEASE_SERVER", url)
+    monkeypatch.setattr(instances, "POLL_INTERVAL_S", 0.01)
+    yield url
+    uv.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+
+
+def login(server: InProcessServer, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    token = server.user(name).token
+    assert token is not None
+    monkeypatch.setenv("GPULEASE_TOKEN", token)
+
+
+def test_quick_exec_streams_the_output_and_exits_with_the_code(
+    server: InProcessServer,
+    over_tcp: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    login(server, "ann", monkeypatch)
+    server.user("ann").instances.create(InstanceCreate(gpu="T4:1", name="box"))
+    server.cluster.job = lambda run: ([("stdout", "out 1\n"), ("stderr", "err 1\n")], 3)
+    server.cluster.start()
+    server.cluster.wait_for(lambda: server.user("ann").instances.get("box").status == "running")
+    request = entry.exec_request(["exec", "box", "-e", "LR=0.1", "--", "python", "t.py", "a b"])
+    assert request is not None
+    assert entry.quick_exec(request) == 3
+    out = capsys.readouterr()
+    assert out.out == "out 1\n"
+    assert "err 1\n" in out.err and "on instance box" in out.err
+    (run,) = server.cluster.runs
+    assert run["command"] == "python t.py 'a b'" and run["env"] == {"LR": "0.1"}
+
+
+def test_quick_exec_on_a_queued_instance_hands_over_and_says_what_it_waits_for(
+    server: InProcessServer,
+    over_tcp: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    login(server, "ann", monkeypatch)
+    ann = server.user("ann")
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="first"))
+    ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))  # queued behind it
+    server.cluster.start()
+    threading.Timer(0.5, lambda: ann.instances.release("first")).start()
+    request = entry.exec_request(["exec", "box", "--", "echo hi"])
+    assert request is not None
+    assert entry.quick_exec(request) == 0
+    out = capsys.readouterr()
+    assert out.out == "running: echo hi\n"
+    assert "queued" in out.err
+    assert len(server.cluster.runs) == 1  # the hand-over follows the run, never posts again
+
+
+def test_quick_exec_refusals_say_what_was_wrong(
+    server: InProcessServer,
+    over_tcp: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server.user("bob").instances.create(InstanceCreate(gpu="T4:1", name="box"))
+    login(server, "ann", monkeypatch)
+    request = entry.exec_request(["exec", "box", "--", "cat secret"])
+    assert request is not None
+    assert entry.quick_exec(request) == 1
+    assert "error: you have no instance 'box'" in capsys.readouterr().err
+    monkeypatch.setenv("GPULEASE_SERVER", "http://127.0.0.1:9")  # nothing listens there
+    assert entry.quick_exec(request) == 1
+    assert "error: cannot reach the gpulease server at http://127.0.0.1:9" in (
+        capsys.readouterr().err
+    )
+    monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
+    assert entry.quick_exec(request) is None  # the SDK's to send, through the proxy
+    assert server.cluster.runs == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "wanted"),
+    [
+        (["exec", "box", "--", "echo", "hi"], ("box", ["echo", "hi"], {})),
+        (
+            ["exec", "box", "--env", "A=1", "-e", "B=x=y", "--", "true"],
+            ("box", ["true"], {"A": "1", "B": "x=y"}),
+        ),
+        (["exec", "box", "--env=A=", "--", "true"], ("box", ["true"], {"A": ""})),
+        (["exec", "box", "--", "--help"], ("box", ["--help"], {})),
+    ],
+)
+def test_the_quick_path_takes_exec_in_its_one_form(
+    argv: list[str], wanted: tuple[str, list[str], dict[str, str]]
+) -> None:
+    request = entry.exec_request(argv)
+    assert request is not None
+    assert (request.ref, request.command, request.env) == wanted
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["exec", "--help"],
+        ["exec", "box", "echo", "hi"],  # no --
+        ["exec", "box", "--"],  # no command
+        ["exec", "box", "--env", "NOEQUALS", "--", "true"],  # Typer says what is wrong
+        ["exec", "box", "--env", "1A=2", "--", "true"],
+        ["exec", "box", "--verbose", "--", "true"],
+        ["exec", "-e", "A=1", "box", "--", "true"],
+        ["run", "box", "--", "true"],
+        [],
+    ],
+)
+def test_anything_else_goes_to_the_typer_app(argv: list[str]) -> None:
+    assert entry.exec_request(argv) is None
