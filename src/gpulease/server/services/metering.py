@@ -227,21 +227,13 @@ def charge_open_segments(
     if not bills:
         return set()
     wallets = ledger.wallet_accounts(session, {(b[4], b[5]) for b in bills})
-    rows = json.dumps([[*b[:4], wallets[(b[4], b[5])]] for b in bills], separators=(",", ":"))
-    params = {"bills": rows, "now": now, "revenue": ledger.account_id(session, ledger.REVENUE)}
+    revenue = ledger.account_id(session, ledger.REVENUE)
     if session.get_bind().dialect.name == "postgresql":
-        source = _BILLS_PG
-    else:  # parsed once into a table of this connection, not once per statement
-        session.execute(text(_SQLITE_BILLS_TABLE))
-        session.execute(text("DELETE FROM temp.tick_bills"))
-        session.execute(text(f"INSERT INTO temp.tick_bills SELECT * FROM {_BILLS_SQLITE}"), params)
-        source = "temp.tick_bills"
-    for template in _TICK_STATEMENTS:
-        statement = template.format(bills=source)
-        sql = text(statement)
-        if ":now" in statement:
-            sql = sql.bindparams(bindparam("now", type_=UTCDateTime()))
-        session.execute(sql, {k: v for k, v in params.items() if f":{k}" in statement})
+        columns = zip(*[(*b[:4], wallets[(b[4], b[5])]) for b in bills], strict=True)
+        arrays = {name: list(values) for name, values in zip(_BILL_COLUMNS, columns, strict=True)}
+        session.execute(_PG_TICK, {**arrays, "now": now, "revenue": revenue})
+    else:
+        _sqlite_tick(session, bills, wallets, now, revenue)
     billed_now = {b[0]: b for b in bills}
     for held in list(session.identity_map.values()):  # ORM copies the caller holds
         if isinstance(held, UsageSegment) and held.id in billed_now:
@@ -256,38 +248,79 @@ def _aware(value: datetime | str) -> datetime:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
-# The bills (id, seconds, due, amount, wallet) from the JSON array of arrays :bills.
 _BILL_COLUMNS = ("id", "seconds", "due", "amount", "wallet")
+_KEY = "'usage:' || b.id || ':' || b.seconds"  # as charge_segment names it
+# the memo as _memo writes it, from the segment's columns (s.billed_seconds still the old)
+_MEMO = (
+    "s.gpu_model || ' × ' || s.gpu_count || ' ' || s.plan || ', segment ' || s.id "
+    "|| ', seconds ' || s.billed_seconds || '–' || b.seconds"
+)
+
+# PostgreSQL: one statement over the bills as arrays. Each charged bill draws its
+# transaction's id from the table's sequence up front, so that its two legs need no lookup
+# of the rows just written; the segments' UPDATE reads the same snapshot as the inserts.
+_PG_TICK = text(
+    "WITH b AS MATERIALIZED (SELECT u.*, CASE WHEN u.amount > 0 THEN "
+    "nextval(pg_get_serial_sequence('ledger_transactions', 'id')) END AS tid "
+    "FROM unnest(CAST(:id AS bigint[]), CAST(:seconds AS bigint[]), CAST(:due AS bigint[]), "
+    "CAST(:amount AS bigint[]), CAST(:wallet AS bigint[])) AS u({columns})), "
+    "t AS (INSERT INTO ledger_transactions "
+    "(id, kind, idempotency_key, memo, user_id, instance_id, created_at) "
+    f"SELECT b.tid, 'usage', {_KEY}, {_MEMO}, s.owner_id, s.instance_id, :now "
+    "FROM b JOIN usage_segments AS s ON s.id = b.id WHERE b.amount > 0), "
+    "e AS (INSERT INTO ledger_entries (transaction_id, account_id, amount, created_at) "
+    "SELECT b.tid, CASE WHEN leg.n = 0 THEN b.wallet ELSE :revenue END, "
+    "CASE WHEN leg.n = 0 THEN -b.amount ELSE b.amount END, :now "
+    "FROM b CROSS JOIN (VALUES (0), (1)) AS leg(n) WHERE b.amount > 0) "
+    "UPDATE usage_segments SET billed_seconds = b.seconds, charged_micro = b.due "
+    "FROM b WHERE usage_segments.id = b.id".format(columns=", ".join(_BILL_COLUMNS))
+).bindparams(bindparam("now", type_=UTCDateTime()))
+
+# SQLite: the bills go into a temporary table of the connection (parsed once from one JSON
+# parameter), which three statements read.
 _BILLS_SQLITE = "(SELECT {} FROM json_each(:bills))".format(
     ", ".join(f"value ->> {i} AS {name}" for i, name in enumerate(_BILL_COLUMNS))
-)
-_BILLS_PG = "(SELECT {} FROM jsonb_array_elements(CAST(:bills AS jsonb)) AS e)".format(
-    ", ".join(f"CAST(e->>{i} AS bigint) AS {name}" for i, name in enumerate(_BILL_COLUMNS))
 )
 _SQLITE_BILLS_TABLE = (
     "CREATE TEMP TABLE IF NOT EXISTS tick_bills (id INTEGER PRIMARY KEY, seconds INTEGER, "
     "due INTEGER, amount INTEGER, wallet INTEGER)"
 )
-_KEY = "'usage:' || b.id || ':' || b.seconds"  # as charge_segment names it
-_TICK_STATEMENTS = (
-    # the memo as _memo writes it; the segment's billed_seconds are still the old ones
+_SQLITE_TICK = (
     "INSERT INTO ledger_transactions "
     "(kind, idempotency_key, memo, user_id, instance_id, created_at) "
-    f"SELECT 'usage', {_KEY}, "
-    "s.gpu_model || ' × ' || s.gpu_count || ' ' || s.plan || ', segment ' || s.id "
-    "|| ', seconds ' || s.billed_seconds || '–' || b.seconds, "
-    "s.owner_id, s.instance_id, :now "
-    "FROM {bills} AS b JOIN usage_segments AS s ON s.id = b.id WHERE b.amount > 0",
+    f"SELECT 'usage', {_KEY}, {_MEMO}, s.owner_id, s.instance_id, :now "
+    "FROM temp.tick_bills AS b JOIN usage_segments AS s ON s.id = b.id WHERE b.amount > 0",
     # each transaction's two legs: the wallet pays, revenue earns (CROSS JOIN keeps the
-    # legs the inner loop on SQLite: each bill's transaction is looked up once)
+    # legs the inner loop: each bill's transaction is looked up once)
     "INSERT INTO ledger_entries (transaction_id, account_id, amount, created_at) "
     "SELECT t.id, CASE WHEN leg.n = 0 THEN b.wallet ELSE :revenue END, "
     "CASE WHEN leg.n = 0 THEN -b.amount ELSE b.amount END, :now "
-    f"FROM {{bills}} AS b JOIN ledger_transactions AS t ON t.idempotency_key = {_KEY} "
+    f"FROM temp.tick_bills AS b JOIN ledger_transactions AS t ON t.idempotency_key = {_KEY} "
     "CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1) AS leg WHERE b.amount > 0",
     "UPDATE usage_segments SET billed_seconds = b.seconds, charged_micro = b.due "
-    "FROM {bills} AS b WHERE usage_segments.id = b.id",
+    "FROM temp.tick_bills AS b WHERE usage_segments.id = b.id",
 )
+
+
+def _sqlite_tick(
+    session: Session,
+    bills: list[tuple[int, int, int, int, int, int | None]],
+    wallets: dict[tuple[int, int | None], int],
+    now: datetime,
+    revenue: int,
+) -> None:
+    rows = json.dumps([[*b[:4], wallets[(b[4], b[5])]] for b in bills], separators=(",", ":"))
+    session.execute(text(_SQLITE_BILLS_TABLE))
+    session.execute(text("DELETE FROM temp.tick_bills"))
+    session.execute(
+        text(f"INSERT INTO temp.tick_bills SELECT * FROM {_BILLS_SQLITE}"), {"bills": rows}
+    )
+    params = {"now": now, "revenue": revenue}
+    for statement in _SQLITE_TICK:
+        sql = text(statement)
+        if ":now" in statement:
+            sql = sql.bindparams(bindparam("now", type_=UTCDateTime()))
+        session.execute(sql, {k: v for k, v in params.items() if f":{k}" in statement})
 
 
 def list_segments(session: Session, owner_id: int, limit: int = 200) -> list[UsageSegment]:
