@@ -46,17 +46,27 @@ def new_key() -> bytes:
 
 
 def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:
+    return b"".join(seal_pieces(key, plaintext, aad))
+
+
+def seal_pieces(key: bytes, plaintext: bytes, aad: bytes) -> tuple[bytes, bytes]:
+    """seal() as (format and nonce, ciphertext and tag): a caller writing thousands of seals
+    into one pack joins them once instead of copying each seal together first."""
     nonce = os.urandom(NONCE_BYTES)
-    return FORMAT + nonce + AESGCM(key).encrypt(nonce, plaintext, aad)
+    return FORMAT + nonce, AESGCM(key).encrypt(nonce, plaintext, aad)
 
 
 def open_sealed(key: bytes, sealed: bytes, aad: bytes, what: str) -> bytes:
     """The plaintext of a seal() result; IntegrityError naming `what` when it does not open."""
+    return _open_with(AESGCM(key), sealed, aad, what)
+
+
+def _open_with(aead: AESGCM, sealed: bytes, aad: bytes, what: str) -> bytes:
     if len(sealed) < OVERHEAD or sealed[:1] != FORMAT:
         raise IntegrityError(f"{what} is not a sealed gpulease blob (wrong format or truncated)")
     nonce = sealed[1 : 1 + NONCE_BYTES]
     try:
-        return AESGCM(key).decrypt(nonce, sealed[1 + NONCE_BYTES :], aad)
+        return aead.decrypt(nonce, sealed[1 + NONCE_BYTES :], aad)
     except InvalidTag:
         raise IntegrityError(
             f"{what} failed its integrity check (AES-GCM tag mismatch): the stored bytes were "
@@ -64,16 +74,35 @@ def open_sealed(key: bytes, sealed: bytes, aad: bytes, what: str) -> bytes:
         ) from None
 
 
+class KeyWrapper:
+    """Wraps and unwraps keys under one key-encryption key (seals bound to each key's scope:
+    'user:5', 'dataset:3'), setting AES up once for the thousands of chunk keys of a push."""
+
+    def __init__(self, kek: bytes) -> None:
+        self._aead = AESGCM(kek)
+
+    def wrap(self, key: bytes, scope: str) -> bytes:
+        nonce = os.urandom(NONCE_BYTES)
+        return FORMAT + nonce + self._aead.encrypt(nonce, key, _key_aad(scope))
+
+    def unwrap(self, wrapped: bytes, scope: str) -> bytes:
+        key = _open_with(self._aead, wrapped, _key_aad(scope), f"the {scope} key")
+        if len(key) != KEY_BYTES:
+            raise IntegrityError(f"the {scope} key has {len(key)} bytes, not {KEY_BYTES}")
+        return key
+
+
+def _key_aad(scope: str) -> bytes:
+    return b"gpulease/key/" + scope.encode()
+
+
 def wrap_key(kek: bytes, key: bytes, scope: str) -> bytes:
     """key sealed under the key-encryption key kek, bound to scope ('user:5', 'dataset:3')."""
-    return seal(kek, key, b"gpulease/key/" + scope.encode())
+    return KeyWrapper(kek).wrap(key, scope)
 
 
 def unwrap_key(kek: bytes, wrapped: bytes, scope: str) -> bytes:
-    key = open_sealed(kek, wrapped, b"gpulease/key/" + scope.encode(), f"the {scope} key")
-    if len(key) != KEY_BYTES:
-        raise IntegrityError(f"the {scope} key has {len(key)} bytes, not {KEY_BYTES}")
-    return key
+    return KeyWrapper(kek).unwrap(wrapped, scope)
 
 
 @dataclass(frozen=True)

@@ -134,23 +134,26 @@ async def push_files(
     """The body is a wire.DatasetFilesPart, parsed straight from its JSON bytes (thousands of
     files a request)."""
     raw = await read_capped(request, MAX_FILES_BYTES, "a file list part")
+    rt, vault, quota_bytes = runtime(request), vault_of(request), _quota(request)
+
+    def add() -> uploads.Missing:  # off the event loop: thousands of files to parse and check
+        entries = _file_entries(raw)
+        return uploads.add_files(
+            rt.sessions, vault, user.id, push_id, part, entries, quota_bytes=quota_bytes
+        )
+
+    missing = await run_in_threadpool(add)
+    return wire.DatasetMissingChunks(missing=missing.chunks, missing_bytes=missing.bytes)
+
+
+def _file_entries(raw: bytes) -> list[uploads.FileEntry]:
     try:
         body = wire.DatasetFilesPart.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(step) for step in first["loc"])
         raise InvalidInput(f"malformed file list: {where}: {first['msg']}") from None
-    missing = await run_in_threadpool(
-        uploads.add_files,
-        runtime(request).sessions,
-        vault_of(request),
-        user.id,
-        push_id,
-        part,
-        [uploads.FileEntry(f.path, f.size, tuple(f.chunks)) for f in body.files],
-        quota_bytes=_quota(request),
-    )
-    return wire.DatasetMissingChunks(missing=missing.chunks, missing_bytes=missing.bytes)
+    return [uploads.FileEntry(f.path, f.size, tuple(f.chunks)) for f in body.files]
 
 
 async def read_capped(request: Request, limit: int, what: str) -> bytes:

@@ -8,13 +8,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpulease.core.datasets import format_bytes, manifest_digest, tree_conflict
 from gpulease.core.errors import Conflict, InvalidInput
 from gpulease.server.db import transaction, utcnow
-from gpulease.server.orm import Dataset, DatasetChunk, DatasetVersion
+from gpulease.server.orm import Dataset, DatasetVersion
 from gpulease.server.services.datasets import quota
+from gpulease.server.services.datasets.bulk import chunk_rows
 from gpulease.server.services.datasets.keys import lock_owner
 from gpulease.server.services.datasets.uploads import (
     COMMITTED,
     MAX_PARTS,
-    batched,
     close_upload,
     dataset_key_of,
     delete_staging,
@@ -113,16 +113,8 @@ def commit_upload(
             assert dataset is not None
             if dataset.deleted_at is not None:
                 raise Conflict(f"dataset {dataset.name} was removed during the push")
-            lacking = 0
-            for batch in batched(chunk_ids):
-                have = session.scalar(
-                    select(func.count(DatasetChunk.id)).where(
-                        DatasetChunk.owner_id == owner_id,
-                        DatasetChunk.sha256.in_(batch),
-                        DatasetChunk.stored.is_(True),
-                    )
-                )
-                lacking += len(batch) - int(have or 0)
+            have = sum(1 for _ in chunk_rows(session, owner_id, "id", chunk_ids, "stored"))
+            lacking = len(chunk_ids) - have
             if lacking:
                 raise Conflict(
                     f"{lacking} chunks of this push have not arrived; push again to send them"

@@ -12,18 +12,18 @@ from gpulease.schemas.runner import RunnerDatasetMount
 from gpulease.server.db import transaction
 from gpulease.server.orm import (
     Dataset,
-    DatasetChunk,
     DatasetVersion,
     Instance,
     InstanceDataset,
     User,
 )
+from gpulease.server.services.datasets.bulk import chunk_rows
 from gpulease.server.services.datasets.keys import chunk_key_scope, user_key
 from gpulease.server.services.datasets.library import get_dataset
-from gpulease.server.services.datasets.uploads import batched, dataset_key_of
+from gpulease.server.services.datasets.uploads import dataset_key_of
 from gpulease.server.services.datasets.vault import Manifest, Vault
 from gpulease.storage.chunking import pack
-from gpulease.storage.crypto import unwrap_key
+from gpulease.storage.crypto import KeyWrapper
 
 MAX_FETCH_CHUNKS = 4096
 
@@ -117,14 +117,10 @@ def runner_manifest(
     manifest = vault.read_manifest(dataset_key, blob)
     ids = sorted(manifest.chunk_ids())
     keys: dict[str, bytes] = {}
+    wrapper = KeyWrapper(ukey)
     with transaction(sessions) as session:
-        for batch in batched(ids):
-            for sha, wrapped in session.execute(
-                select(DatasetChunk.sha256, DatasetChunk.key_wrapped).where(
-                    DatasetChunk.owner_id == owner_id, DatasetChunk.sha256.in_(batch)
-                )
-            ):
-                keys[sha] = unwrap_key(ukey, wrapped, chunk_key_scope(owner_id, sha))
+        for sha, wrapped in chunk_rows(session, owner_id, "sha256, key_wrapped", ids):
+            keys[sha] = wrapper.unwrap(bytes(wrapped), chunk_key_scope(owner_id, sha))
     return RunnerManifest(manifest, keys)
 
 
@@ -150,18 +146,12 @@ def runner_chunks(
         raise NotFound(f"chunk {outside[0]} is not part of this dataset version")
     places: dict[str, tuple[str, int, int]] = {}
     with transaction(sessions) as session:
-        for batch in batched(sorted(set(wanted))):
-            for sha, stored_in, offset, length in session.execute(
-                select(
-                    DatasetChunk.sha256, DatasetChunk.blob, DatasetChunk.offset, DatasetChunk.length
-                ).where(
-                    DatasetChunk.owner_id == owner_id,
-                    DatasetChunk.sha256.in_(batch),
-                    DatasetChunk.stored.is_(True),
-                )
-            ):
-                assert stored_in is not None
-                places[sha] = (stored_in, offset, length)
+        columns = 'sha256, blob, "offset", length'
+        for sha, stored_in, offset, length in chunk_rows(
+            session, owner_id, columns, sorted(set(wanted)), "stored"
+        ):
+            assert stored_in is not None
+            places[sha] = (stored_in, offset, length)
     lost = [sha for sha in wanted if sha not in places]
     if lost:
         raise NotFound(f"chunk {lost[0]} of this dataset version is missing from storage")

@@ -15,7 +15,6 @@ import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
 
 from sqlalchemy import Table, func, select, update
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
@@ -32,7 +31,7 @@ from gpulease.server.orm import (
     User,
 )
 from gpulease.server.services.datasets import quota
-from gpulease.server.services.datasets.bulk import execute_rows
+from gpulease.server.services.datasets.bulk import chunk_rows, execute_rows
 from gpulease.server.services.datasets.garbage import collect_garbage
 from gpulease.server.services.datasets.keys import (
     KeyRing,
@@ -44,7 +43,7 @@ from gpulease.server.services.datasets.keys import (
 )
 from gpulease.server.services.datasets.vault import Manifest, ManifestFile, Vault, chunk_aad
 from gpulease.storage.chunking import CHUNK_SIZE, unpack
-from gpulease.storage.crypto import new_key, seal, unwrap_key, wrap_key
+from gpulease.storage.crypto import KeyWrapper, new_key, seal_pieces
 
 OPEN = "open"
 COMMITTED = "committed"
@@ -59,22 +58,9 @@ MAX_PARTS = 100_000
 MAX_PACK_CHUNKS = 10_000
 MAX_PACK_BYTES = 80 * 1024 * 1024
 _SHA = re.compile(r"^[0-9a-f]{64}$")
-_IN_BATCH = 500
 _CHUNKS: Table = DatasetChunk.__table__  # type: ignore[assignment]
 
-T = TypeVar("T")
-
-
-def batched(items: Sequence[T], size: int = _IN_BATCH) -> Iterator[Sequence[T]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    path: str
-    size: int
-    chunks: tuple[str, ...]
+FileEntry = ManifestFile  # a file of a file list part: (path, size, chunk hashes)
 
 
 @dataclass(frozen=True)
@@ -285,7 +271,7 @@ def add_files(
         dataset = session.get(Dataset, upload.dataset_id)
         assert dataset is not None
         dataset_key = dataset_key_of(session, vault.ring, dataset)
-    staged = Manifest(tuple(ManifestFile(f.path, f.size, f.chunks) for f in files))
+    staged = Manifest(tuple(files))
     vault.seal_blob(dataset_key, staging_key(owner_id, upload_id, part), staged.encode())
     vault.store.sync()
     try:
@@ -305,42 +291,26 @@ def _reserve(
 ) -> Missing:
     ukey = lock_owner(session, ring, owner_id)
     known: dict[str, bool] = {}
-    for batch in batched(sorted(sizes)):
-        for sha, stored, size in session.execute(
-            select(DatasetChunk.sha256, DatasetChunk.stored, DatasetChunk.size).where(
-                DatasetChunk.owner_id == owner_id, DatasetChunk.sha256.in_(batch)
-            )
-        ):
-            if size != sizes[sha]:
-                raise InvalidInput(f"chunk {sha} is listed as {sizes[sha]} bytes, not {size}")
-            known[sha] = stored
+    for sha, stored, size in chunk_rows(session, owner_id, "sha256, stored, size", sorted(sizes)):
+        if size != sizes[sha]:
+            raise InvalidInput(f"chunk {sha} is listed as {sizes[sha]} bytes, not {size}")
+        known[sha] = bool(stored)
     new = [sha for sha in sizes if sha not in known]
     if new:
         now = utcnow()
+        wrapper = KeyWrapper(ukey)
         execute_rows(
             session,
             _CHUNKS,
             "INSERT INTO dataset_chunks (owner_id, sha256, size, key_wrapped, stored, "
-            '"offset", length, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
-            (
-                "owner_id",
-                "sha256",
-                "size",
-                "key_wrapped",
-                "stored",
-                "offset",
-                "length",
-                "created_at",
-            ),
+            '"offset", length, created_at) VALUES (?, ?, ?, ?, FALSE, 0, 0, ?)',
+            ("owner_id", "sha256", "size", "key_wrapped", "created_at"),
             [
                 (
                     owner_id,
                     sha,
                     sizes[sha],
-                    wrap_key(ukey, new_key(), chunk_key_scope(owner_id, sha)),
-                    False,
-                    0,
-                    0,
+                    wrapper.wrap(new_key(), chunk_key_scope(owner_id, sha)),
                     now,
                 )
                 for sha in new
@@ -376,19 +346,13 @@ def store_chunks(
     todo: list[tuple[int, bytes, bytes, str]] = []
     with transaction(sessions) as session:
         open_upload(session, owner_id, upload_id)
-        ukey = user_key(session, vault.ring, owner_id)
-        rows = {}
-        for batch in batched(sorted(records)):
-            for row in session.execute(
-                select(
-                    DatasetChunk.sha256,
-                    DatasetChunk.id,
-                    DatasetChunk.size,
-                    DatasetChunk.stored,
-                    DatasetChunk.key_wrapped,
-                ).where(DatasetChunk.owner_id == owner_id, DatasetChunk.sha256.in_(batch))
-            ):
-                rows[row.sha256] = row
+        wrapper = KeyWrapper(user_key(session, vault.ring, owner_id))
+        rows = {
+            row[0]: row[1:]
+            for row in chunk_rows(
+                session, owner_id, "sha256, id, size, stored, key_wrapped", sorted(records)
+            )
+        }
         for sha, data in records.items():
             found = rows.get(sha)
             if found is None:
@@ -396,22 +360,24 @@ def store_chunks(
                     f"chunk {sha} was not announced by a file list of this push; send the "
                     "file list first"
                 )
-            if found.size != len(data):
-                raise InvalidInput(f"chunk {sha} has {len(data)} bytes, not {found.size}")
-            if not found.stored:
-                key = unwrap_key(ukey, found.key_wrapped, chunk_key_scope(owner_id, sha))
-                todo.append((found.id, key, data, sha))
-    placements: list[tuple[int, int, int]] = []
+            chunk_id, known_size, stored, wrapped = found
+            if known_size != len(data):
+                raise InvalidInput(f"chunk {sha} has {len(data)} bytes, not {known_size}")
+            if not stored:
+                key = wrapper.unwrap(bytes(wrapped), chunk_key_scope(owner_id, sha))
+                todo.append((chunk_id, key, data, sha))
+    placements: list[tuple[str, int, int, int]] = []
     orphan = None
     if todo:
-        pieces = []
+        pack_key = f"p/{owner_id}/{secrets.token_hex(16)}"
+        pieces: list[bytes] = []
         offset = 0
         for chunk_id, key, data, sha in todo:
-            sealed = seal(key, data, chunk_aad(owner_id, sha))
-            pieces.append(sealed)
-            placements.append((chunk_id, offset, len(sealed)))
-            offset += len(sealed)
-        pack_key = f"p/{owner_id}/{secrets.token_hex(16)}"
+            head, body = seal_pieces(key, data, chunk_aad(owner_id, sha))
+            pieces += (head, body)
+            length = len(head) + len(body)
+            placements.append((pack_key, offset, length, chunk_id))
+            offset += length
         vault.store.put(pack_key, b"".join(pieces))
         vault.store.sync()
     with transaction(sessions) as session:
@@ -420,13 +386,10 @@ def store_chunks(
             execute_rows(
                 session,
                 _CHUNKS,
-                'UPDATE dataset_chunks SET stored = ?, blob = ?, "offset" = ?, length = ? '
-                "WHERE id = ? AND stored = ?",
-                ("stored", "blob", "offset", "length", "id", "stored"),
-                [
-                    (True, pack_key, offset, length, chunk_id, False)
-                    for chunk_id, offset, length in placements
-                ],
+                'UPDATE dataset_chunks SET stored = TRUE, blob = ?, "offset" = ?, length = ? '
+                "WHERE id = ? AND stored = FALSE",
+                ("blob", "offset", "length", "id"),
+                placements,
             )
             used = session.scalar(select(func.count()).where(_CHUNKS.c.blob == pack_key))
             if not used:  # another push stored all of them first

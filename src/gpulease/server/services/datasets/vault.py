@@ -8,6 +8,7 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -21,8 +22,7 @@ MANIFEST_FORMAT = 1
 _CACHED_VERSIONS = 4
 
 
-@dataclass(frozen=True)
-class ManifestFile:
+class ManifestFile(NamedTuple):  # a tuple: 100,000 of them are made per version
     path: str
     size: int
     chunks: tuple[str, ...]  # sha256 hex, in order
