@@ -55,7 +55,7 @@ from gpulease.storage.chunking import (
 )
 
 PART_FILES = 5000
-PACK_BYTES = 8 * 1024 * 1024
+PACK_BYTES = 16 * 1024 * 1024
 PACK_CHUNKS = 4000
 UPLOAD_THREADS = 2
 HASH_THREADS = min(8, max(2, os.cpu_count() or 2))
@@ -255,8 +255,14 @@ def _hash_part(
 
 
 def _parts(files: list[LocalFile], size: int) -> Iterator[list[LocalFile]]:
-    for start in range(0, len(files), size):
-        yield files[start : start + size]
+    """files in parts of `size`, but for a first one a tenth as large: its chunks start on
+    their way after a few hundred files are hashed and listed, not a few thousand."""
+    start = 0
+    first = max(1, size // 10)
+    while start < len(files):
+        step = first if start == 0 else size
+        yield files[start : start + step]
+        start += step
 
 
 def _digest_of(files: list[LocalFile], chunks: list[list[ChunkRef]]) -> str:

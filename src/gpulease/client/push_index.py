@@ -110,8 +110,9 @@ class PushIndex:
         except (sqlite3.Error, OSError, ValueError) as exc:
             log.warning("push index %s unusable (%s); starting it afresh", path, exc)
             self._entries.clear()
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
+            for stale in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                with contextlib.suppress(OSError):
+                    stale.unlink(missing_ok=True)
             try:
                 self._db = self._open()
             except (sqlite3.Error, OSError) as again:
@@ -122,6 +123,10 @@ class PushIndex:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
+            # A cache: a write need not reach the disk before the push goes on (WAL keeps
+            # the file whole if the machine stops; what is lost is hashed again).
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
         except BaseException:
             db.close()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 CHUNK_SIZE = 4 * 1024 * 1024
 _HEADER = struct.Struct(">32sI")
@@ -25,8 +25,7 @@ class PackError(ValueError):
     """A chunk pack that is cut short, oversized or otherwise malformed."""
 
 
-@dataclass(frozen=True)
-class ChunkRef:
+class ChunkRef(NamedTuple):  # a tuple: 100,000 of them are made per push
     sha256: str  # hex
     size: int
 
