@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from results import emit
+from temp_platform import sqlite_platform
 
-from processes import Platform, free_port  # noqa: E402
 from stop_support import stop_latency  # noqa: E402
 
 HEARTBEAT_S = 2.0  # the server's default heartbeat_interval_s
@@ -32,14 +32,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        platform = Platform(
-            home=root / "home",
-            database_url=f"sqlite:///{root / 'home' / 'gpulease.db'}",
-            port=free_port(),
-            simulated="T4:1",
-            log_path=root / "server.log",
-            config=root / "cli.json",
-            extra_env={"GPULEASE_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S)},
+        platform = sqlite_platform(
+            root, "T4:1", {"GPULEASE_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S)}
         )
         platform.start()
         samples: list[float] = []

@@ -29,9 +29,10 @@ from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from results import emit
+from temp_platform import sqlite_platform
 
 from gpulease.runner.sandbox import probe  # noqa: E402
-from processes import BIN, Platform, free_port  # noqa: E402
+from processes import BIN, Platform  # noqa: E402
 
 PASSWORD = "password-123"
 POLL_S = 0.02
@@ -136,14 +137,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        platform = Platform(
-            home=root / "home",
-            database_url=f"sqlite:///{root / 'home' / 'gpulease.db'}",
-            port=free_port(),
-            simulated="T4:1",
-            log_path=root / "server.log",
-            config=root / "cli.json",
-        )
+        platform = sqlite_platform(root, "T4:1")
         sandboxed = probe() is None
         if not sandboxed:
             platform.extra_env["GPULEASE_UNSANDBOXED_SINGLE_USER"] = "true"
