@@ -90,6 +90,27 @@ def test_a_full_chunk_wakes_the_reporter_early() -> None:
     thread.join()
 
 
+def test_the_first_output_after_a_quiet_time_wakes_the_reporter_at_once() -> None:
+    """A reporter with nothing to send waits for output, not for its batching interval:
+    a run's first line reaches the server as soon as it is written."""
+    batcher = LogBatcher(max_chunk_bytes=1024)
+    woke = threading.Event()
+
+    def reporter() -> None:
+        batcher.wait_for_output(timeout=10)
+        woke.set()
+
+    thread = threading.Thread(target=reporter)
+    thread.start()
+    assert not woke.wait(0.1)
+    batcher.write("stdout", "hi\n")  # far from a full chunk
+    assert woke.wait(2)
+    thread.join()
+    batcher.wait_for_output(timeout=10)  # output is pending: no wait at all
+    batcher.seal()
+    assert [c.data for c in batcher.unacked()] == ["hi\n"]
+
+
 def test_close_wakes_the_reporter() -> None:
     batcher = LogBatcher()
     thread = threading.Thread(target=batcher.wait, args=(10,))

@@ -60,6 +60,9 @@ from gpulease.schemas.runner import (
 log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 0.2
+# How often a run's reporter, with no output to send, looks whether its process finished
+# (its end and new output wake it at once).
+QUIET_RECHECK_S = 1.0
 POLL_WAIT_S = 20
 WORKDIR_MARKER = workspace_sync.WORKDIR_MARKER
 _MAX_REASON = 8000
@@ -356,7 +359,8 @@ class Agent:
                 self._tasks.handle([task.model_dump() for task in commands.tasks])
             elif not self._stopping.is_set():
                 self._stopping.wait(1.0)
-            if time.monotonic() - asked < FLUSH_INTERVAL_S:  # a server that answers at once
+            idle = commands is None or not (commands.runs or commands.streams or commands.tasks)
+            if idle and time.monotonic() - asked < FLUSH_INTERVAL_S:  # nothing, at once
                 self._stopping.wait(FLUSH_INTERVAL_S)
 
     def _start_run(self, run: RunnerRun) -> None:
@@ -496,13 +500,18 @@ class Agent:
             while True:
                 finished = process.finished
                 batcher.seal()
+                sent = False
                 while chunks := batcher.unacked():
                     body = _body(RunnerLogs(chunks=chunks))
                     self.connection.call("POST", f"{path}/logs", json=body)
                     batcher.ack(chunks)
+                    sent = True
                 if finished:
                     break
-                batcher.wait(FLUSH_INTERVAL_S)
+                if sent:  # output is flowing: gather FLUSH_INTERVAL_S of it per post
+                    batcher.wait(FLUSH_INTERVAL_S)
+                else:  # quiet until now: the first new output goes at once
+                    batcher.wait_for_output(QUIET_RECHECK_S)
             if run.metrics is not None:  # every point is sent before the exit
                 run.metrics.close()
                 metrics.join()

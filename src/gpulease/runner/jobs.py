@@ -28,6 +28,9 @@ STOP_GRACE_S = 10.0
 # After a run's main process exits: how long the processes it left behind get after SIGTERM,
 # and how long output may still trickle out of pipes that escaped the process group.
 LEFTOVER_GRACE_S = 2.0
+# How often the leftovers are looked for meanwhile: they usually go within milliseconds of
+# the SIGTERM (in the sandbox the kernel is already killing them), and the run's end waits.
+LEFTOVER_POLL_S = 0.005
 READ_BYTES = 64 * 1024
 SANDBOX_START_TIMEOUT_S = 30.0
 _DROPPED_VARIABLES = ("PYTHONHOME", "PYTHONPATH", "VIRTUAL_ENV")
@@ -223,7 +226,7 @@ class RunProcess:
             self.signal(signal.SIGTERM)
             deadline = time.monotonic() + self._leftover_grace
             while self.group_exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
+                time.sleep(LEFTOVER_POLL_S)
             self.signal(signal.SIGKILL)
         for reader in self._readers:
             reader.join(timeout=self._leftover_grace)

@@ -90,6 +90,7 @@ class LogBatcher(Outbox):
             return
         now = self._clock()
         with self._cond:
+            was_empty = not self._pending
             for piece, size in split_utf8(data, self._max):
                 last = self._pending[-1] if self._pending else None
                 if last is not None and last.stream == stream and last.size + size <= self._max:
@@ -98,11 +99,16 @@ class LogBatcher(Outbox):
                 else:
                     self._pending.append(_Pending(stream, now, [piece], size))
                 self._pending_bytes += size
-            if self._pending_bytes >= self._max:
+            if was_empty or self._pending_bytes >= self._max:
                 self._cond.notify_all()
 
     def _full(self) -> bool:  # a full chunk is pending
         return self._pending_bytes >= self._max
+
+    def wait_for_output(self, timeout: float) -> None:
+        """Sleep up to timeout, less once any output is pending or the batcher closes."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or bool(self._pending), timeout=timeout)
 
     def seal(self) -> None:
         """Turn everything pending into numbered chunks."""
