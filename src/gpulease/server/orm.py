@@ -302,9 +302,12 @@ class LogChunk(Base):
 
 class UsageSegment(Base):
     """One continuous interval an instance held its GPUs at one rate. The meter charges
-    cost_for_seconds(hourly_micro, billed_seconds) in total, never more, never twice."""
+    cost_for_seconds(hourly_micro, billed_seconds) in total, never more, never twice.
+    PostgreSQL leaves half of each page free, so that the billing tick's update of every open
+    segment stays on its page and touches no index (a heap-only update)."""
 
     __tablename__ = "usage_segments"
+    __table_args__ = {"postgresql_with": {"fillfactor": 50}}
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id"), index=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
@@ -574,14 +577,12 @@ class InstanceDataset(Base):
 
 
 class MetricPoint(Base):
-    """One value a run reported for one key at one step. A (run, source, key, step) is kept
-    once: a runner's retry, or a TensorBoard file read twice, never duplicates a point."""
+    """One value a run reported for one key at one step. A (run, key, step, source) is kept
+    once: a runner's retry, or a TensorBoard file read twice, never duplicates a point. Its
+    unique index, in that order, also serves a run's keys and each key's curve by step."""
 
     __tablename__ = "metric_points"
-    __table_args__ = (
-        UniqueConstraint("run_id", "source", "key", "step"),
-        Index("ix_metric_points_run_id_key_step", "run_id", "key", "step"),
-    )
+    __table_args__ = (UniqueConstraint("run_id", "key", "step", "source"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     key: Mapped[str] = mapped_column(String(64))
