@@ -44,7 +44,7 @@ from rich.table import Table
 from sqlalchemy import create_engine, text
 
 from gpulease.client import GpuleaseClient
-from gpulease.client.runstream import parse_sse
+from gpulease.client.sse import parse_sse
 from gpulease.runner.connection import Connection
 from gpulease.schemas.instances import InstanceCreate
 from gpulease.schemas.runner import RUNNER_API, RunnerSpec
