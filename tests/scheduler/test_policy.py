@@ -238,3 +238,18 @@ def test_gpus_come_back_on_a_model_with_none_free_now() -> None:
     assert not decisions.starts
     free.give(t4, (2,), 1)
     assert free.total(t4) == 1 and free.largest(t4) == 1
+
+
+def test_an_instance_past_its_expected_end_is_expected_to_run_as_long_again() -> None:
+    # started at 0, expected to end at 100, still running at 1,000: not "any moment now"
+    overdue = Running(10, "bob", A, 8, (1,), start=0, expected_end=100)
+    d = schedule(state({1: 0}, [req(1, count=8)], [overdue]), 1000, Config("default"))
+    assert d.starts == [] and d.waiting[1].eta == 2000
+    # one already stopping gives its GPUs back as said, however late that is
+    stopping = Running(10, "bob", A, 8, (1,), start=0, expected_end=100, stopping=True)
+    d = schedule(state({1: 0}, [req(1, count=8)], [stopping]), 1000, Config("backfill"))
+    assert d.waiting[1].eta == 1000
+    # and one within its expected end keeps it
+    on_time = Running(10, "bob", A, 8, (1,), start=0, expected_end=1500)
+    d = schedule(state({1: 0}, [req(1, count=8)], [on_time]), 1000, Config("default"))
+    assert d.waiting[1].eta == 1500

@@ -22,7 +22,7 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpulease.scheduler.model import (
     PLAN_RANK,
@@ -44,7 +44,8 @@ INF = math.inf
 
 @dataclass(slots=True)
 class _End:
-    """When GPUs come back: `count` of `model` on each of `node_ids`, at `at`."""
+    """When GPUs come back: `count` of `model` on each of `node_ids`, at `at`; `start` is
+    when the instance started (None: it is already stopping)."""
 
     at: float
     model: str
@@ -52,6 +53,7 @@ class _End:
     count: int
     owner: str
     team: str | None
+    start: float | None = None
 
     def __lt__(self, other: _End) -> bool:
         return self.at < other.at
@@ -82,7 +84,8 @@ class _Ends:
         def base() -> Iterator[_End]:
             for at, rid in self.running.ends:
                 r = by_id[rid]
-                yield _End(at, r.model, r.node_ids, r.count, r.owner, r.team)
+                start = None if r.stopping else r.start
+                yield _End(at, r.model, r.node_ids, r.count, r.owner, r.team, start)
 
         return heapq.merge(base(), self.extra)
 
@@ -94,8 +97,19 @@ class _Timeline:
 
     __slots__ = ("items", "head")
 
-    def __init__(self, ends: Iterable[_End]) -> None:
-        self.items: list[tuple[float, int, _End]] = [(e.at, k, e) for k, e in enumerate(ends)]
+    def __init__(self, ends: Iterable[_End], now: float) -> None:
+        # An instance past its expected end has run longer than its declared or learned
+        # duration said: it is expected to run about as long again as it has so far (the
+        # median rest of a heavy-tailed duration), not to end this instant.
+        self.items: list[tuple[float, int, _End]] = []
+        overdue = False
+        for k, e in enumerate(ends):
+            if e.at < now and e.start is not None and e.start < now:
+                e = replace(e, at=now + (now - e.start))
+                overdue = True
+            self.items.append((e.at, k, e))
+        if overdue:
+            self.items.sort()
         self.head = 0
 
     def __bool__(self) -> bool:
@@ -491,7 +505,7 @@ def _forward(
     arrivals, non-preemptive), with the same greedy pass at each end."""
     free = free.copy()
     held_user, held_team = defaultdict(int, held_user), defaultdict(int, held_team)
-    timeline = _Timeline(ends)
+    timeline = _Timeline(ends, now)
     seq = len(timeline.items)
     todo = {r.id for r in wanted}
     etas: dict[int, float] = {}

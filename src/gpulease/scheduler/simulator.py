@@ -2,7 +2,7 @@
 policy code the server runs, on a cluster of identical nodes.
 
 Durations are unknown to every policy except `srtf` (the oracle): the others see a learned
-estimate, each user's mean duration so far. A preempted job is suspended and later resumes
+estimate, as the server learns it: the median of the user's newest 10 finished jobs. A preempted job is suspended and later resumes
 where it stopped (no checkpoint cost).
 
 Estimated starts never change a decision, and each one is a forward simulation of the whole
@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ from gpulease.scheduler.policy import schedule
 from gpulease.scheduler.traces import Job
 
 MODEL = "GPU"
+LEARNED_RUNS = 10  # as the server: the median of a user's newest 10 finished runs
 ETA_WITHIN_S = 600.0
 
 
@@ -68,24 +70,30 @@ class Result:
 
 
 class _Learner:
-    """Each user's mean duration so far (the global mean for a newcomer)."""
+    """Each user's learned duration, as the server learns it: the median of their newest
+    `recent` durations (the global median of the newest for a newcomer)."""
 
-    def __init__(self, prior: float = 3600.0) -> None:
-        self.sum: dict[str, float] = {}
-        self.n: dict[str, int] = {}
-        self.total, self.count, self.prior = 0.0, 0, prior
+    def __init__(self, prior: float = 3600.0, recent: int = LEARNED_RUNS) -> None:
+        self.recent = recent
+        self.last: dict[str, deque[float]] = {}
+        self.everyone: deque[float] = deque(maxlen=recent)
+        self.prior = prior
+        self._cached: dict[str, float] = {}
 
     def estimate(self, user: str) -> float:
-        n = self.n.get(user)
-        if n:
-            return self.sum[user] / n
-        return self.total / self.count if self.count else self.prior
+        cached = self._cached.get(user)
+        if cached is not None:
+            return cached
+        last = self.last.get(user) or self.everyone
+        value = statistics.median(last) if last else self.prior
+        if user in self.last:
+            self._cached[user] = value
+        return value
 
     def learn(self, user: str, duration: float) -> None:
-        self.sum[user] = self.sum.get(user, 0.0) + duration
-        self.n[user] = self.n.get(user, 0) + 1
-        self.total += duration
-        self.count += 1
+        self.last.setdefault(user, deque(maxlen=self.recent)).append(duration)
+        self.everyone.append(duration)
+        self._cached.pop(user, None)
 
 
 def _shape(gpus: int, per_node: int) -> tuple[int, int]:
