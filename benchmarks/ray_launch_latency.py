@@ -6,7 +6,14 @@ head and two simulated-GPU nodes, as the tests start it):
 - `gpulease run` → the command's first output line, beside a bare Ray actor start timed in
   the same run on the same cluster: a detached actor pinned to a node with
   NodeAffinitySchedulingStrategy, until its first method call returns. That is the floor
-  under any runner that Ray starts.
+  under any runner that Ray starts. And beside the same `gpulease run` on the local
+  backend (a server of its own on this host, one simulated A100), also in this run.
+- a workspace move (docs/ray.md): an instance of 2 A100s with WS MiB of random files in its
+  workspace (default 32) stops (its runner saves the workspace to the server: everything
+  the first time, nothing once nothing changed), starts again on its own node, stops, and
+  starts once more while another instance fills that node: it moves to the other node,
+  whose runner fetches the whole workspace. Start → running with the move beside the start
+  on its own node.
 - node join → offered: from the start of a new GPU node (Cluster.add_node, which returns
   once Ray has registered it: timed too) to its GPUs counted in the catalog's total
   (`GET /api/v1/gpus`).
@@ -18,7 +25,7 @@ head and two simulated-GPU nodes, as the tests start it):
 
 Medians of N (default 5).
 
-    .venv/bin/python benchmarks/ray_launch_latency.py [-n 5]
+    .venv/bin/python benchmarks/ray_launch_latency.py [-n 5] [--workspace-mib 32]
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from processes import BIN, Platform, running_platform  # noqa: E402
 from ray_support import RayCluster, local_ray_cluster  # noqa: E402  (Ray's loopback env)
 
 POLL_S = 0.05
+PASSWORD = "bench-pass-1"
 
 
 class Ping:
@@ -134,15 +142,71 @@ def fleet_seconds(
     return joins, ray_joins, ray_deaths, stops
 
 
+def workspace_seconds(
+    platform: Platform, client: GpuleaseClient, n: int, mib: int
+) -> dict[str, list[float]]:
+    """Per sample, seconds of: the first stop (saves mib MiB), a start on its own node, a
+    stop with nothing changed, a start that moves to the other node (fetches mib MiB)."""
+    out: dict[str, list[float]] = {k: [] for k in ("save", "home", "resave", "move")}
+    # the CLI (for exec) as the client's user
+    platform.cli("login", "--server", platform.url, "--name", "fleet", "--password", PASSWORD)
+
+    def status_after(ref: int, act: Callable[[], object], status: str) -> float:
+        started = time.perf_counter()
+        act()
+        until(lambda: client.instances.get(ref).status == status)
+        return time.perf_counter() - started
+
+    for i in range(n):
+        body = InstanceCreate(gpu="A100-80GB:2", template="python", name=f"ws-{i}")
+        ws = client.instances.create(body)
+        until(lambda: client.instances.get(ws.id).status == "running")  # noqa: B023
+        write = f"head -c {mib * 2**20} /dev/urandom > data.bin"
+        platform.cli("exec", str(ws.id), "--", "sh", "-c", write)
+        home = client.instances.get(ws.id).node
+        out["save"].append(status_after(ws.id, lambda: client.instances.stop(ws.id), "stopped"))  # noqa: B023
+        out["home"].append(status_after(ws.id, lambda: client.instances.start(ws.id), "running"))  # noqa: B023
+        assert client.instances.get(ws.id).node == home
+        out["resave"].append(status_after(ws.id, lambda: client.instances.stop(ws.id), "stopped"))  # noqa: B023
+        filler = client.instances.create(
+            InstanceCreate(gpu="A100-80GB:2", template="python", name=f"filler-{i}")
+        )
+        until(lambda: client.instances.get(filler.id).status == "running")  # noqa: B023
+        out["move"].append(status_after(ws.id, lambda: client.instances.start(ws.id), "running"))  # noqa: B023
+        assert client.instances.get(ws.id).node != home
+        for ref in (ws.id, filler.id):
+            client.instances.release(ref)
+        for ref in (ws.id, filler.id):
+            until(lambda: client.instances.get(ref).status == "released")  # noqa: B023
+    return out
+
+
+def local_runs(root: Path, n: int) -> list[float]:
+    """`gpulease run` → first line on the local backend (one simulated A100 on this host)."""
+    samples = []
+    root.mkdir(parents=True, exist_ok=True)
+    with running_platform(root, f"sqlite:///{root / 'local.db'}", "A100-80GB:1") as platform:
+        platform.cli(
+            "register", "--server", platform.url, "--name", "bench", "--password", "bench-pass-1"
+        )
+        run = [str(BIN / "gpulease"), "run", "--gpu", "A100-80GB:1", "--template", "python"]
+        first_line_seconds([*run, "--", "echo warm"], platform.env())
+        for _ in range(n):
+            wait_free(platform, "A100-80GB")
+            samples.append(first_line_seconds([*run, "--", "echo hi"], platform.env()))
+    return samples
+
+
 def user_client(platform: Platform) -> GpuleaseClient:
     client = GpuleaseClient(platform.url)
-    token = client.auth.register(RegisterRequest(name="fleet", password="bench-pass-1")).token
+    token = client.auth.register(RegisterRequest(name="fleet", password=PASSWORD)).token
     return GpuleaseClient(platform.url, token)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=5)
+    parser.add_argument("--workspace-mib", type=int, default=32)
     args = parser.parse_args()
     console = Console()
     with local_ray_cluster() as cluster, tempfile.TemporaryDirectory() as tmp:
@@ -169,7 +233,10 @@ def main() -> None:
             for _ in range(args.n):
                 wait_free(platform, "A100-80GB")
                 runs.append(first_line_seconds([*run, "--", "echo hi"], platform.env()))
-            fleet = fleet_seconds(cluster, user_client(platform), args.n)
+            client = user_client(platform)
+            moves = workspace_seconds(platform, client, args.n, args.workspace_mib)
+            fleet = fleet_seconds(cluster, client, args.n)
+        local = local_runs(root / "local", args.n)
     joins, ray_joins, ray_deaths, stops = fleet
     table = Table(title=f"Ray backend: launch latency and the fleet, median of {args.n}")
     table.add_column("what")
@@ -178,6 +245,20 @@ def main() -> None:
     table.add_row(
         "gpulease run → first line (Ray)", f"{statistics.median(runs):.2f}", f"{min(runs):.2f}"
     )
+    table.add_row(
+        "gpulease run → first line (local backend)",
+        f"{statistics.median(local):.2f}",
+        f"{min(local):.2f}",
+    )
+    mib = args.workspace_mib
+    for key, what in (
+        ("save", f"stop → stopped, saving {mib} MiB"),
+        ("resave", "stop → stopped, nothing changed"),
+        ("home", "start → running on its own node"),
+        ("move", f"start → running on the other node, fetching {mib} MiB"),
+    ):
+        got = moves[key]
+        table.add_row(what, f"{statistics.median(got):.2f}", f"{min(got):.2f}")
     table.add_row(
         "bare detached actor, pinned → first call",
         f"{statistics.median(bare):.2f}",
@@ -207,6 +288,23 @@ def main() -> None:
         f"{statistics.median(runs):.2f} s",
         f"bare pinned actor {statistics.median(bare):.2f} s",
         f"{statistics.median(runs) / statistics.median(bare):.1f}×",
+        "",
+        None,
+    )
+    emit(
+        "`gpulease run` → first line, Ray beside the local backend",
+        f"{statistics.median(runs):.2f} s",
+        f"local backend {statistics.median(local):.2f} s",
+        f"{statistics.median(runs) / statistics.median(local):.1f}×",
+        "",
+        None,
+    )
+    move, home = statistics.median(moves["move"]), statistics.median(moves["home"])
+    emit(
+        f"start with a workspace move ({mib} MiB fetched)",
+        f"{move:.2f} s",
+        f"start on its own node {home:.2f} s",
+        f"+{move - home:.2f} s",
         "",
         None,
     )
