@@ -2,8 +2,8 @@
 policy code the server runs, on a cluster of identical nodes.
 
 Durations are unknown to every policy except `srtf` (the oracle): the others see a learned
-estimate, as the server learns it: the median of the user's newest 10 finished jobs. A preempted job is suspended and later resumes
-where it stopped (no checkpoint cost).
+estimate, as the server learns it: the median of the user's newest 10 finished jobs. A
+preempted job is suspended and later resumes where it stopped (no checkpoint cost).
 
 Estimated starts never change a decision, and each one is a forward simulation of the whole
 queue: with `eta_sample` N > 1 only every Nth job (by id) gets its first estimate computed,
