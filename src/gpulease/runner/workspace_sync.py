@@ -209,10 +209,10 @@ def _ok(response: Any, what: str) -> Any:
 
 def _same(workspace: Path, f: Listed) -> bool:
     """True when the workspace already holds f's bytes at f's path."""
-    info = safefs.lstat(workspace, f.path)
-    if info is None or not _regular(info) or info.st_size != f.size:
-        return False
     try:
+        info = safefs.lstat(workspace, f.path)  # UnsafePath for a link on the way
+        if info is None or not _regular(info) or info.st_size != f.size:
+            return False
         with safefs.opened_file(workspace, f.path, single_link=True) as fd:
             got = [hashlib.sha256(b).hexdigest() for b in _read_chunks(fd, f.size)]
     except OSError:
@@ -302,10 +302,10 @@ def restore(
             with io.BufferedReader(stream, CHUNK_SIZE) as data:
                 safefs.write_replace(workspace, f.path, data, f.mode, mtime=f.mtime)
             fetched += stream.fetched
-    except safefs.UnsafePath as exc:
+    except OSError as exc:  # a link or a directory in the way (UnsafePath), a full disk
         raise WorkspaceSyncError(
-            f"the workspace could not be restored: {exc.message}; release the instance or "
-            "remove what is in the way"
+            f"the workspace could not be restored: {exc}; release the instance or remove "
+            "what is in the way"
         ) from exc
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     (spec.run_dir / WORKDIR_MARKER).write_text("")

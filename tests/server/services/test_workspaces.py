@@ -254,3 +254,33 @@ def test_a_start_goes_back_to_its_node_or_moves_when_that_node_is_full_and_is_to
         assert session.scalar(select(func.count()).select_from(StorageKey).where(scope)) == 0
     assert blob_keys(rt, "w/") == [] and blob_keys(rt, "wm/") == []
     assert fleet.deleted_workspaces == [("gpu-far", str(instance_id))]
+
+
+def test_a_link_planted_where_a_saved_file_goes_is_replaced_and_one_on_its_way_refused(
+    http: TestClient, ann: Caller, tick: Tick, runner_for: RunnerFor, fleet: FakeBackend,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    instance_id, runner = make_running_instance(ann, tick, runner_for, "box")
+    conn = connection(http, runner)
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "top.txt").write_text("top")
+    (ws / "sub" / "deep.txt").write_text("deep")
+    workspace_sync.save(spec_at(fleet, instance_id, ws), conn)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_text("not the job's")
+    new = tmp_path / "node-b" / "ws"
+    new.mkdir(parents=True)
+    (new / "top.txt").symlink_to(outside / "victim")  # left by a job of an earlier start
+    (new / "sub").symlink_to(outside)
+    spec = spec_at(fleet, instance_id, new, workspace_restore=True)
+    with pytest.raises(workspace_sync.WorkspaceSyncError, match="could not be restored"):
+        workspace_sync.restore(spec, conn)
+    assert (outside / "victim").read_text() == "not the job's"
+    assert not (outside / "deep.txt").exists()
+    (new / "sub").unlink()
+    workspace_sync.restore(spec, conn)
+    assert not (new / "top.txt").is_symlink() and (new / "top.txt").read_text() == "top"
+    assert (new / "sub" / "deep.txt").read_text() == "deep"
+    assert (outside / "victim").read_text() == "not the job's"
