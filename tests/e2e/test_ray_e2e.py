@@ -4,6 +4,8 @@ a real local Ray cluster (a head and simulated-GPU nodes, tests/ray_support.py).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import shutil
 import sqlite3
 import time
@@ -248,11 +250,14 @@ def test_a_stopped_instance_whose_node_is_full_starts_on_another_with_its_worksp
     first = platform.cli_json("instance", "show", "mover")
     assert isinstance(first, dict)
     node_a = first["node"]
-    write = (
-        "mkdir -p data && echo kept > data/notes.txt && chmod +x data/notes.txt"
-        " && head -c 5000000 /dev/urandom > data/big.bin && sha256sum data/big.bin"
-    )
-    digest = platform.cli("exec", "mover", "--", "sh", "-c", write).stdout.split()[0]
+    # the job's files, where its jobs write them: its workspace on node A
+    data = ray_cluster.node_home / node_a / "workspaces" / str(first["id"]) / "data"
+    data.mkdir()
+    (data / "notes.txt").write_text("kept\n")
+    (data / "notes.txt").chmod(0o755)
+    big = os.urandom(5_000_000)
+    (data / "big.bin").write_bytes(big)
+    digest = hashlib.sha256(big).hexdigest()
     platform.cli("instance", "stop", "mover")
     saved = platform.wait_status("mover", "stopped", timeout=60)
     assert saved["last_node"] == node_a and saved["workspace_saved_at"] is not None
