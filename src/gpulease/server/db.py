@@ -52,10 +52,38 @@ def make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Any) -> None:
+            if conn.get_execution_options().get(UNSYNCED):  # set outside a transaction only
+                conn.exec_driver_sql("PRAGMA synchronous=NORMAL")
+                conn.connection.info[UNSYNCED] = True
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
+        @event.listens_for(engine, "checkin")
+        def _sqlite_checkin(dbapi_conn: Any, record: Any) -> None:
+            if record.info.pop(UNSYNCED, False):
+                dbapi_conn.execute("PRAGMA synchronous=FULL")
+
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    engine = create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+    @event.listens_for(engine, "begin")
+    def _postgres_begin(conn: Any) -> None:
+        if conn.get_execution_options().get(UNSYNCED):
+            conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+
+    return engine
+
+
+# An execution option: see unsynced().
+UNSYNCED = "gpulease_unsynced"
+
+
+def unsynced(engine: Engine) -> Engine:
+    """The engine whose transactions commit without waiting for the disk: on SQLite
+    synchronous=NORMAL for the transaction (WAL stays consistent; an OS crash or a power cut
+    may undo the last commits), on PostgreSQL synchronous_commit=off (a crash of the
+    database server may undo them). For data that may lose its last second, such as metric
+    points; never for money."""
+    return engine.execution_options(**{UNSYNCED: True})
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

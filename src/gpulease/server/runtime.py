@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import platform
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -13,7 +14,7 @@ from gpulease.backends.base import Backend
 from gpulease.core.catalog import Catalog, default_pricing_text, load_catalog
 from gpulease.core.errors import InvalidInput
 from gpulease.gpus.discovery import Nvml, discover
-from gpulease.server.db import make_engine, make_sessionmaker, migrate, transaction
+from gpulease.server.db import make_engine, make_sessionmaker, migrate, transaction, unsynced
 from gpulease.server.isolation import require_sandbox
 from gpulease.server.services import nodes, users
 from gpulease.server.services.datasets.vault import Vault, open_vault
@@ -34,6 +35,11 @@ class Runtime:
     admin_password_generated: str | None = None
     # Dataset storage: blob store and master key (services/datasets).
     vault: Vault | None = None
+
+    @cached_property
+    def unsynced_sessions(self) -> sessionmaker[Session]:
+        """Sessions whose commits do not wait for the disk (db.unsynced): metric points."""
+        return make_sessionmaker(unsynced(self.engine))
 
 
 def default_backend(settings: Settings) -> Backend:

@@ -31,13 +31,15 @@ from gpulease.schemas.runs import LogChunkPublic, RunPublic
 from gpulease.server.routers.deps import (
     AdminUser,
     CurrentUser,
+    DetachedRunnerInstance,
     IdPath,
     RunnerInstance,
     SessionDep,
     current_user,
+    runtime,
     tx,
 )
-from gpulease.server.services import metrics, runners, runs
+from gpulease.server.services import metrics, runs
 from gpulease.server.services.instances import lifecycle
 from gpulease.server.services.metrics.points import check_max_points, parse_keys
 from gpulease.server.signals import Broadcast
@@ -72,14 +74,12 @@ async def _metric_points(request: Request) -> list[metrics.WirePoint]:
 def runner_metrics(
     run_id: IdPath,
     points: Annotated[list[metrics.WirePoint], Depends(_metric_points)],
-    session: SessionDep,
-    instance: RunnerInstance,
+    instance: DetachedRunnerInstance,
     request: Request,
     after: BackgroundTasks,
 ) -> Response:
-    run = runners.run_of(session, instance, run_id)
-    if metrics.store_points(session, run, points):
-        after.add_task(request.app.state.signals.metrics.fire)  # once committed
+    if metrics.store_run_points(runtime(request).unsynced_sessions, instance, run_id, points):
+        after.add_task(request.app.state.signals.metrics.fire)  # committed already
     return Response(status_code=204)
 
 

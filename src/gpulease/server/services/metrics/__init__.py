@@ -21,6 +21,7 @@ from gpulease.server.services.metrics.points import (
     points_csv,
     series,
     store_points,
+    store_run_points,
 )
 
 __all__ = [
@@ -40,4 +41,5 @@ __all__ = [
     "points_csv",
     "series",
     "store_points",
+    "store_run_points",
 ]

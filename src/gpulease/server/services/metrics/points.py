@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, NotRequired, cast
 
 from pydantic import Field, TypeAdapter, ValidationError
 from sqlalchemy import func, select, text
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
 from gpulease.core.errors import InvalidInput
@@ -24,7 +24,9 @@ from gpulease.schemas.metrics import (
 )
 from gpulease.schemas.runner import RunnerMetrics
 from gpulease.schemas.runs import RunPublic
-from gpulease.server.orm import MetricPoint, Run
+from gpulease.server.db import transaction
+from gpulease.server.orm import Instance, MetricPoint, Run
+from gpulease.server.services import runners
 from gpulease.server.services.metrics.downsample import min_max_indices
 
 KEY_PATTERN = METRIC_KEY_PATTERN
@@ -49,7 +51,6 @@ _PG_INSERT = text(
     "step bigint, value double precision, time double precision, source varchar) "
     "ON CONFLICT (run_id, key, step, source) DO NOTHING"
 )
-_PG_ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 _SQLITE_INSERT = (
     "INSERT INTO metric_points (run_id, key, step, value, time, source) "
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, key, step, source) DO NOTHING"
@@ -164,16 +165,10 @@ def store_points(session: Session, run: Run, points: list[WirePoint]) -> int:
     """Store checked points of a run (from parse_points); returns how many were new. A
     (key, step, source) the run already has is skipped (insert-or-ignore, on SQLite and
     PostgreSQL alike), so a retried batch stores nothing twice; of a batch's own repeats the
-    first is kept.
-
-    On PostgreSQL the transaction then commits without waiting for its WAL to reach the disk
-    (synchronous_commit off, for this transaction only): a crash of the database server
-    itself may lose the last fraction of a second of points, never money, and never leaves
-    anything half written. Call it in a transaction that writes nothing else."""
+    first is kept."""
     if not points:
         return 0
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(_PG_ASYNC_COMMIT)
         result = session.execute(
             _PG_INSERT, {"run_id": run.id, "points": _POINTS.dump_json(points).decode()}
         )
@@ -188,6 +183,20 @@ def store_points(session: Session, run: Run, points: list[WirePoint]) -> int:
     ]
     result = session.connection().exec_driver_sql(_SQLITE_INSERT, rows)
     return max(int(getattr(result, "rowcount", 0)), 0)
+
+
+def store_run_points(
+    unsynced_sessions: sessionmaker[Session],
+    instance: Instance,
+    run_id: int,
+    points: list[WirePoint],
+) -> int:
+    """A runner's batch for one of its instance's runs, in a transaction of its own whose
+    commit does not wait for the disk (Runtime.unsynced_sessions): the flush cost more than
+    the points themselves, and a crash of the machine may lose the last second of a curve,
+    never money. Returns how many points were new; 404 for a run of another instance."""
+    with transaction(unsynced_sessions) as session:
+        return store_points(session, runners.run_of(session, instance, run_id), points)
 
 
 def _sqlite_time(unix: float) -> str:
