@@ -10,13 +10,10 @@ stderr, the job's bytes as they are, `error: ...` on refusals) and exits with th
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from dataclasses import dataclass
 from typing import Any
-
-from gpulease.core.run_commands import command_text, shell_exit_code
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXIT_INTERRUPTED = 130
@@ -57,9 +54,12 @@ def exec_request(argv: list[str]) -> ExecRequest | None:
 def quick_exec(request: ExecRequest) -> int | None:
     """Run the exec on the quick path; its exit code, or None when it left it to the Typer
     app before sending anything (no saved login, a proxy)."""
+    import json
+
     from gpulease.client import quickexec
     from gpulease.client.config import resolve_login, trusted_certificate
     from gpulease.client.errors import ClientError
+    from gpulease.core.run_commands import command_text, shell_exit_code
 
     login = resolve_login()
     if login.server is None or login.token is None:

@@ -30,6 +30,9 @@ from gpulease.schemas.instances import InstanceCreate, InstancePublic, InstanceS
 
 # How often waiting commands poll an instance that is queued or starting.
 POLL_INTERVAL_S = 1.0
+# A starting instance is moments from running: looked at this often, the run waiting on it
+# (gpulease run, exec) streams its first line without losing most of an interval.
+STARTING_POLL_S = 0.1
 WAITING = frozenset({"queued", "starting"})
 
 DatasetOption = Annotated[
@@ -101,7 +104,8 @@ def wait_until_started(client: GpuleaseClient, ref: InstanceRef) -> InstancePubl
         spinner.start()
     try:
         while instance.status in WAITING:
-            time.sleep(POLL_INTERVAL_S)
+            queued = instance.status == "queued"
+            time.sleep(POLL_INTERVAL_S if queued else min(STARTING_POLL_S, POLL_INTERVAL_S))
             instance = client.instances.get(ref)
             new_line = f"instance {instance.name}: {status_text(instance)}"
             if new_line != line:
