@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from processes import ADMIN_PASSWORD, Platform, running_platform
 
 RAY_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # loopback only
@@ -59,6 +62,7 @@ class RayCluster:
     cluster: Any  # ray.cluster_utils.Cluster
     root: Path  # node homes live under root/nodes/<name>
     workers: dict[str, Any] = field(default_factory=dict)
+    gcs_env: dict[str, str] = field(default_factory=dict)  # where the GCS keeps its tables
 
     @property
     def address(self) -> str:
@@ -85,6 +89,31 @@ class RayCluster:
         self.cluster.remove_node(self.workers.pop(name), allow_graceful=False)
         kill_processes_under(self.node_home / name)
 
+    def restart_gcs(self, down_s: float = 1.0) -> None:
+        """The head's GCS is SIGKILLed and, down_s later, started again on the same port, as
+        a restarted head pod's is. With its tables in Redis (gcs_env) it takes up the same
+        cluster: nodes, detached actors and their processes stay as they were."""
+        head = self.cluster.head_node
+        head.kill_gcs_server()
+        time.sleep(down_s)
+        with _environment(self.gcs_env):
+            head.start_gcs_server()
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """os.environ with values set, as it was on the way out (Ray's processes inherit it)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
 
 def kill_processes_under(home: Path) -> None:
     """SIGKILL every process whose command line names a path under home, and their sessions."""
@@ -105,29 +134,79 @@ def kill_processes_under(home: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+# The platform core's whole-system tests on the local backend, on both databases, and on the
+# Ray backend on SQLite only: the local runs cover the database side on both, the Ray run is
+# about the backend (runner actors on the cluster's nodes), and each run costs seconds.
+ON_BOTH_BACKENDS = pytest.mark.parametrize(
+    ("backend", "database_url"),
+    [("local", "sqlite"), ("local", "postgres"), ("ray", "sqlite")],
+    ids=["sqlite", "postgres", "ray-sqlite"],
+    indirect=["database_url"],
+)
+
+
 @contextmanager
-def local_ray_cluster(workers: tuple[str, ...] = ("gpu-a", "gpu-b")) -> Iterator[RayCluster]:
+def running_ray_platform(
+    cluster: RayCluster, tmp_path: Path, database_url: str
+) -> Iterator[Platform]:
+    """A gpulease server on the Ray backend of cluster (its nodes are the fleet; the server's
+    host offers no GPUs), with the CLI logged in as admin, once its node inventory lists
+    the cluster's workers (the fleet reconciler's first ticks)."""
+    env = {
+        "GPULEASE_BACKEND": "ray",
+        "GPULEASE_RAY_ADDRESS": cluster.address,
+        "GPULEASE_RAY_NODE_HOME": str(cluster.node_home),
+        "GPULEASE_HEARTBEAT_TIMEOUT_S": "60",  # node death must be told by the fleet check
+    }
+    with running_platform(tmp_path, database_url, "", env) as p:
+        p.cli("login", "--server", p.url, "--name", "admin", "--password", ADMIN_PASSWORD)
+        deadline = time.monotonic() + 15
+        while not set(cluster.workers) <= _ready_nodes(p):
+            assert time.monotonic() < deadline, f"nodes not listed: {p.cli('nodes').stdout}"
+            time.sleep(0.3)
+        yield p
+
+
+def _ready_nodes(platform: Platform) -> set[str]:
+    listed: Any = platform.cli_json("nodes")
+    return {n["name"] for n in listed if n["status"] == "ready"}
+
+
+@contextmanager
+def local_ray_cluster(
+    workers: tuple[str, ...] = ("gpu-a", "gpu-b"), redis: str | None = None
+) -> Iterator[RayCluster]:
     """A head (no GPUs, not offered) and worker nodes with 2 simulated A100-80GB each, on
-    loopback, in a temporary directory; on the way out every process of it is stopped."""
+    loopback, in a temporary directory; on the way out every process of it is stopped.
+
+    redis: HOST:PORT of a Redis where the head's GCS keeps its tables (GCS fault tolerance),
+    under a key namespace of this cluster's own, deleted on the way out; None: in memory."""
     from ray.cluster_utils import Cluster
 
     root = Path(tempfile.mkdtemp(prefix="gpl-ray-"))
     saved = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = str(root / "tmp")
     (root / "tmp" / "ray").mkdir(parents=True)
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "node_ip_address": "127.0.0.1",
-            "dashboard_host": "127.0.0.1",
-            "include_dashboard": False,
-            "num_cpus": 1,
-            "object_store_memory": 80 * MiB,
-            "temp_dir": str(root / "tmp"),
-            "_system_config": FAST_DEATH,
-        },
-    )
-    ray_cluster = RayCluster(cluster=cluster, root=root)
+    gcs_env = {}
+    if redis is not None:
+        gcs_env = {
+            "RAY_REDIS_ADDRESS": redis,
+            "RAY_external_storage_namespace": f"gpulease-test-{root.name}",
+        }
+    with _environment(gcs_env):
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "node_ip_address": "127.0.0.1",
+                "dashboard_host": "127.0.0.1",
+                "include_dashboard": False,
+                "num_cpus": 1,
+                "object_store_memory": 80 * MiB,
+                "temp_dir": str(root / "tmp"),
+                "_system_config": FAST_DEATH,
+            },
+        )
+    ray_cluster = RayCluster(cluster=cluster, root=root, gcs_env=gcs_env)
     try:
         for name in workers:
             ray_cluster.add_worker(name)
@@ -135,11 +214,21 @@ def local_ray_cluster(workers: tuple[str, ...] = ("gpu-a", "gpu-b")) -> Iterator
     finally:
         kill_processes_under(ray_cluster.node_home)
         cluster.shutdown()
+        if redis is not None:
+            _delete_gcs_tables(redis, gcs_env["RAY_external_storage_namespace"])
         if saved is None:
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = saved
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _delete_gcs_tables(redis: str, namespace: str) -> None:
+    """Delete the keys a GCS kept in Redis under namespace (Ray's own clean-up call)."""
+    from ray._private.gcs_utils import cleanup_redis_storage
+
+    host, _, port = redis.rpartition(":")
+    cleanup_redis_storage(host, int(port), "", False, namespace)
 
 
 @pytest.fixture(scope="session")

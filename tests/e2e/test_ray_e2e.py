@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from processes import ADMIN_PASSWORD, Platform, running_platform
-from ray_support import RayCluster
+from processes import Platform
+from ray_support import RayCluster, running_ray_platform
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'gpulease[ray]'")
@@ -31,14 +31,7 @@ def platform(
     these tests are about, and each server start costs seconds)."""
     tmp_path = tmp_path_factory.mktemp("ray-platform")
     shutil.copyfile(sqlite_migrated, tmp_path / "gpulease.db")
-    env = {
-        "GPULEASE_BACKEND": "ray",
-        "GPULEASE_RAY_ADDRESS": ray_cluster.address,
-        "GPULEASE_RAY_NODE_HOME": str(ray_cluster.node_home),
-        "GPULEASE_HEARTBEAT_TIMEOUT_S": "60",  # node death must be told by the fleet check
-    }
-    with running_platform(tmp_path, f"sqlite:///{tmp_path / 'gpulease.db'}", "", env) as p:
-        p.cli("login", "--server", p.url, "--name", "admin", "--password", ADMIN_PASSWORD)
+    with running_ray_platform(ray_cluster, tmp_path, f"sqlite:///{tmp_path / 'gpulease.db'}") as p:
         yield p
 
 

@@ -10,10 +10,12 @@ import pytest
 
 from gpulease.core.money import cost_for_seconds
 from processes import Platform
+from ray_support import ON_BOTH_BACKENDS
 
 pytestmark = pytest.mark.e2e
 
 
+@ON_BOTH_BACKENDS  # and on Ray, on SQLite only: ray_support says why
 def test_sigkill_the_server_during_a_run(platform: Platform, tmp_path: Path) -> None:
     platform.cli(
         "register", "--server", platform.url, "--name", "ann", "--password", "password-123"
