@@ -18,6 +18,13 @@ def test_a_queued_instance_page_says_why_and_until_when(
     )
     assert r.status_code == 201, r.text
     tick()
+    # nothing queued: the declared duration shows all the same, as it is now
+    assert ann.get("/api/v1/instances/first").json()["duration_basis"] == "declared 2 h"
+    r = ann.put("/api/v1/instances/first/autostop", json={"max_runtime_minutes": 90})
+    assert r.status_code == 200, r.text
+    assert ann.get("/api/v1/instances/first").json()["duration_basis"] == "declared 1 h 30 min"
+    r = ann.put("/api/v1/instances/first/autostop", json={"max_runtime_minutes": 120})
+    assert r.status_code == 200, r.text
     r = ann.post("/api/v1/instances", json={"gpu": "A100-80GB:2", "name": "second"})
     assert r.status_code == 201, r.text
     tick()

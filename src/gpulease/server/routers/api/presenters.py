@@ -11,6 +11,7 @@ from gpulease.core.records import from_attributes
 from gpulease.schemas.instances import InstancePublic
 from gpulease.schemas.ledger import Balance, LedgerLine
 from gpulease.server.orm import Instance, InstanceDataset, LedgerTransaction
+from gpulease.server.services.instances import queue
 
 
 def instance_public(
@@ -47,7 +48,7 @@ def queue_fields(instance: Instance) -> dict[str, object]:
         "queue_reason": instance.queue_reason or None if queued else None,
         "queue_eta": instance.queue_eta if queued else None,
         "queue_eta_basis": instance.queue_eta_basis or None if queued else None,
-        "duration_basis": instance.duration_basis or None,
+        "duration_basis": queue.duration_basis(instance),
     }
 
 

@@ -51,6 +51,20 @@ def server_config(session: Session) -> Config:
     return replace(SERVER_POLICY, user_quota=caps.users, team_quota=caps.teams)
 
 
+def declared_basis(max_runtime_minutes: int) -> str:
+    """'declared 2 h': the words for a declared duration."""
+    return f"declared {span(max_runtime_minutes * 60)}"
+
+
+def duration_basis(instance: Instance) -> str | None:
+    """Where the instance's expected duration comes from: a declared one as it is now, else
+    what the scheduler last learned (written each tick while anything queues)."""
+    if instance.max_runtime_minutes:
+        return declared_basis(instance.max_runtime_minutes)
+    stored = instance.duration_basis
+    return None if not stored or stored.startswith("declared ") else stored
+
+
 def durations(session: Session, instances: Iterable[Instance]) -> dict[int, Duration]:
     """How long each instance will hold its GPUs, where something says so: its declared
     maximum runtime, else the median of its owner's newest finished runs of the same task
@@ -60,7 +74,7 @@ def durations(session: Session, instances: Iterable[Instance]) -> dict[int, Dura
     for instance in instances:
         if instance.max_runtime_minutes:
             seconds = instance.max_runtime_minutes * 60.0
-            out[instance.id] = Duration(seconds, f"declared {span(int(seconds))}", True)
+            out[instance.id] = Duration(seconds, declared_basis(instance.max_runtime_minutes), True)
         else:
             undeclared.append(instance)
     tasks = _tasks(session, [i.id for i in undeclared])
