@@ -31,9 +31,9 @@ from gpulease.schemas.runs import LogChunkPublic, RunPublic
 from gpulease.server.routers.deps import (
     AdminUser,
     CurrentUser,
-    DetachedRunnerInstance,
     IdPath,
     RunnerInstance,
+    RunnerToken,
     SessionDep,
     current_user,
     runtime,
@@ -74,11 +74,11 @@ async def _metric_points(request: Request) -> list[metrics.WirePoint]:
 def runner_metrics(
     run_id: IdPath,
     points: Annotated[list[metrics.WirePoint], Depends(_metric_points)],
-    instance: DetachedRunnerInstance,
+    token: RunnerToken,
     request: Request,
     after: BackgroundTasks,
 ) -> Response:
-    if metrics.store_run_points(runtime(request).unsynced_sessions, instance, run_id, points):
+    if metrics.store_run_points(runtime(request).unsynced_sessions, token, run_id, points):
         after.add_task(request.app.state.signals.metrics.fire)  # committed already
     return Response(status_code=204)
 

@@ -25,7 +25,7 @@ from gpulease.schemas.metrics import (
 from gpulease.schemas.runner import RunnerMetrics
 from gpulease.schemas.runs import RunPublic
 from gpulease.server.db import transaction
-from gpulease.server.orm import Instance, MetricPoint, Run
+from gpulease.server.orm import MetricPoint, Run
 from gpulease.server.services import runners
 from gpulease.server.services.metrics.downsample import min_max_indices
 
@@ -187,15 +187,17 @@ def store_points(session: Session, run: Run, points: list[WirePoint]) -> int:
 
 def store_run_points(
     unsynced_sessions: sessionmaker[Session],
-    instance: Instance,
+    runner_token: str,
     run_id: int,
     points: list[WirePoint],
 ) -> int:
-    """A runner's batch for one of its instance's runs, in a transaction of its own whose
-    commit does not wait for the disk (Runtime.unsynced_sessions): the flush cost more than
-    the points themselves, and a crash of the machine may lose the last second of a curve,
-    never money. Returns how many points were new; 404 for a run of another instance."""
+    """A runner's batch for one of its instance's runs: the token's instance, the run and
+    the points in one transaction whose commit does not wait for the disk
+    (Runtime.unsynced_sessions; the flush cost more than the points themselves, and a crash
+    of the machine may lose the last second of a curve, never money). Returns how many
+    points were new; 401 for an unknown token, 404 for a run of another instance."""
     with transaction(unsynced_sessions) as session:
+        instance = runners.instance_for_token(session, runner_token)
         return store_points(session, runners.run_of(session, instance, run_id), points)
 
 
