@@ -21,15 +21,15 @@ from gpulease.core.money import cost_for_seconds
 from processes import Platform
 from ray_support import RayCluster, local_ray_cluster, running_ray_platform
 
-# A cluster of its own costs most of this test: 38-52 s in all (median 50 s of 3) on the
-# project's 2-core machine, of which 20-30 s is the cluster's and the server's start and
+# A cluster of its own costs most of this test: 38-52 s in all (median 45 s of 4) on the
+# project's 2-core machine, of which 20-31 s is the cluster's and the server's start and
 # 14-16 s the run and the restart; more than CI's time allows. GPULEASE_TEST_RAY_HEAD_RESTART=1
 # runs it; benchmarks/ray_head_restart.py shows the same with figures.
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(
         os.environ.get("GPULEASE_TEST_RAY_HEAD_RESTART") != "1",
-        reason="a Ray cluster of its own costs about 50 s: set GPULEASE_TEST_RAY_HEAD_RESTART=1",
+        reason="a Ray cluster of its own costs about 45 s: set GPULEASE_TEST_RAY_HEAD_RESTART=1",
     ),
 ]
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'gpulease[ray]'")
