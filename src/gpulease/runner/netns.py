@@ -42,6 +42,8 @@ GATEWAY = "10.0.2.2"
 DNS_FORWARDER = "10.0.2.3"
 MTU = 65520
 READY_TIMEOUT_S = 10.0
+# In the namespaces' directory: a probe that succeeded on this boot (probe()).
+PROBE_MARK = "probe-ok"
 COMMAND_TIMEOUT_S = 20.0
 # Never reachable from a job, whatever slirp's NAT could reach.
 BLOCKED_RANGES = (
@@ -379,7 +381,19 @@ def _remove_stale(root: Path, umount: str) -> None:
 
 def probe(root: Path = NETNS_DIR) -> str | None:
     """None when an instance network can be set up here (one is made and taken down);
-    otherwise why not, in words, with what to do."""
+    otherwise why not, in words, with what to do.
+
+    A success is kept for the rest of the host's boot in root's PROBE_MARK (root's own
+    directory, 0700: no job reaches it), with the tools it used: a later probe with the same
+    boot and tools answers at once. Nothing rests on the mark but this answer: every
+    instance still makes and checks its own network, and fails with its reason if it
+    cannot."""
+    mark = root / PROBE_MARK
+    key = _probe_key()
+    if key is not None:
+        with contextlib.suppress(OSError):
+            if mark.read_text() == key:
+                return None
     network = InstanceNetwork(f"probe{time.monotonic_ns()}", root)
     try:
         network.ensure()
@@ -387,4 +401,22 @@ def probe(root: Path = NETNS_DIR) -> str | None:
         return exc.message
     finally:
         network.close()
+    if key is not None:
+        with contextlib.suppress(OSError):
+            partial = root / f"{PROBE_MARK}.{os.getpid()}"
+            partial.write_text(key)
+            partial.chmod(0o600)
+            partial.replace(mark)
     return None
+
+
+def _probe_key(boot_id: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
+    """What a kept probe result holds for: this boot, this uid and the tools' paths and
+    change times. None when it cannot be told (then every probe makes its network)."""
+    try:
+        found = [f"boot {boot_id.read_text().strip()}", f"uid {os.geteuid()}"]
+        for name, path in sorted(_tools().items()):
+            found.append(f"{name} {path} {os.stat(path).st_mtime_ns}")
+    except (OSError, NetworkError):
+        return None
+    return "\n".join(found) + "\n"
