@@ -248,7 +248,8 @@ def bench_scan(root: Path, args: argparse.Namespace, console: Console) -> list[R
     with console.status("scans"):
         for _ in range(max(args.runs, 5)):
             started = time.perf_counter()
-            scan_digest((f.path, f.stat) for f in scan_directory(tree) if f.stat is not None)
+            files = scan_directory(tree)
+            scan_digest([f.path for f in files], [f.stat for f in files if f.stat])
             scans.append(time.perf_counter() - started)
             finds.append(timed(find, shell=True))
     return [

@@ -12,6 +12,8 @@ server holds as its current version already is settled by comparing two manifest
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -20,6 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -59,7 +62,6 @@ PACK_BYTES = 16 * 1024 * 1024
 PACK_CHUNKS = 4000
 UPLOAD_THREADS = 2
 HASH_THREADS = min(8, max(2, os.cpu_count() or 2))
-SCAN_THREADS = 4
 # Files up to this size are kept in memory between hashing and sending (one part's worth).
 _KEEP_BYTES = 64 * 1024
 
@@ -87,78 +89,83 @@ def scan_directory(root: Path) -> list[LocalFile]:
     if not root.is_dir():
         raise DatasetError(f"{root} is not a directory")
     top = root.resolve()
+    with _without_cyclic_gc():
+        return _scan(root, top)
+
+
+@contextlib.contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """The cyclic garbage collector off for a while: a scan makes two tuples a file and no
+    cycles, and the collections that 200,000 new tuples set off (each going through every
+    object the process holds) took longer than the scan's own work."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _scan(root: Path, top: Path) -> list[LocalFile]:
     found: list[LocalFile] = []
-    # A directory a task, on a few threads: the lstat calls let go of the GIL, so they
-    # overlap with the checks (100,000 files is 100,000 lstat calls).
-    with ThreadPoolExecutor(max_workers=SCAN_THREADS, thread_name_prefix="scan") as pool:
-        pending = {pool.submit(_scan_one, root, top, "", os.fspath(root))}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                files, subdirectories = future.result()
-                found.extend(files)
-                pending |= {pool.submit(_scan_one, root, top, *d) for d in subdirectories}
-    found.sort(key=_path_of)
+    # One thread, an explicit stack of directories: an unchanged re-push is nothing but
+    # this loop, and at 100,000 files its Python work per file (not the lstat calls) is
+    # what counts, so it is kept to the checks and two tuples built in C.
+    directories = [("", os.fspath(root))]
+    while directories:
+        prefix, directory = directories.pop()
+        with os.scandir(directory) as listing:
+            for entry in listing:
+                name = entry.name
+                relative = prefix + name
+                if entry.is_dir(follow_symlinks=False):
+                    directories.append((relative + "/", entry.path))
+                    continue
+                linked = entry.is_symlink()
+                # the checks on a plain name are done in C; path_problem only for the rest
+                plain = name.isascii() and name.isprintable() and "\\" not in name
+                if not plain or len(relative) > MAX_PATH_CHARS:
+                    problem = path_problem(relative)
+                    if problem:
+                        raise _refuse(root, relative, problem)
+                info = (
+                    _linked_stat(root, top, relative, entry)
+                    if linked
+                    else entry.stat(follow_symlinks=False)
+                )
+                if not S_ISREG(info.st_mode):
+                    raise _refuse(
+                        root, relative, "it is not a regular file (a device, pipe or socket)"
+                    )
+                size = info.st_size
+                stats = (size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
+                found.append(_new(LocalFile, (relative, entry.path, size, _new(FileStat, stats))))
+    found.sort(key=_first)
     return found
 
 
-def _scan_one(
-    root: Path, top: Path, prefix: str, directory: str
-) -> tuple[list[LocalFile], list[tuple[str, str]]]:
-    """The files of one directory (checked as scan_directory says), and its subdirectories
-    as (prefix, path)."""
-    files: list[LocalFile] = []
-    subdirectories: list[tuple[str, str]] = []
-    for entry in _listing(directory):
-        relative = prefix + entry.name
-        if entry.is_dir(follow_symlinks=False):
-            subdirectories.append((relative + "/", entry.path))
-            continue
-        linked = entry.is_symlink()
-        if linked and entry.is_dir():
-            raise _refuse(
-                root,
-                relative,
-                "it is a link to a directory; links to directories are not followed "
-                "(copy the directory in, or push it as a dataset of its own)",
-            )
-        name = entry.name  # the checks on a plain name are done in C
-        plain = name.isascii() and name.isprintable() and "\\" not in name
-        if not plain or len(relative) > MAX_PATH_CHARS:
-            problem = path_problem(relative)
-            if problem:
-                raise _refuse(root, relative, problem)
-        if linked:
-            target = Path(entry.path).resolve()
-            if not target.is_relative_to(top):
-                raise _refuse(root, relative, f"it is a link to {target}, outside the directory")
-            if not target.exists():
-                raise _refuse(root, relative, "it is a link to nothing (a broken link)")
-            info = target.stat()
-        else:
-            info = entry.stat(follow_symlinks=False)
-        if not stat.S_ISREG(info.st_mode):
-            raise _refuse(root, relative, "it is not a regular file (a device, pipe or socket)")
-        files.append(
-            LocalFile(
-                relative,
-                entry.path,
-                info.st_size,
-                FileStat(
-                    info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev
-                ),
-            )
+_new = tuple.__new__  # NamedTuple's own __new__ is a Python function: twice a file
+_first = itemgetter(0)  # a LocalFile's path
+S_ISREG = stat.S_ISREG
+
+
+def _linked_stat(root: Path, top: Path, relative: str, entry: os.DirEntry[str]) -> os.stat_result:
+    """The stat of the file a link inside root leads to; refuses a link to a directory,
+    outside root or to nothing."""
+    if entry.is_dir():
+        raise _refuse(
+            root,
+            relative,
+            "it is a link to a directory; links to directories are not followed "
+            "(copy the directory in, or push it as a dataset of its own)",
         )
-    return files, subdirectories
-
-
-def _listing(directory: str) -> list[os.DirEntry[str]]:
-    with os.scandir(directory) as listing:
-        return sorted(listing, key=lambda entry: entry.name)
-
-
-def _path_of(local: LocalFile) -> str:
-    return local.path
+    target = Path(entry.path).resolve()
+    if not target.is_relative_to(top):
+        raise _refuse(root, relative, f"it is a link to {target}, outside the directory")
+    if not target.exists():
+        raise _refuse(root, relative, "it is a link to nothing (a broken link)")
+    return target.stat()
 
 
 class PushProgress(Protocol):
@@ -297,7 +304,8 @@ class _Before:
 
 def _before(datasets: DatasetsAPI, name: str, files: list[LocalFile], index: PushIndex) -> _Before:
     """Compare the tree with the current version, by the push index alone (no file read)."""
-    scan = scan_digest((f.path, f.stat) for f in files if f.stat is not None)
+    scanned = [(f.path, f.stat) for f in files if f.stat is not None]
+    scan = scan_digest([p for p, _ in scanned], [s for _, s in scanned])
     current = datasets.current(name)
     if current is None:
         return _Before(scan=scan)

@@ -17,15 +17,17 @@ One SQLite file per server and dataset, under `$XDG_CACHE_HOME/gpulease/push-ind
 
 from __future__ import annotations
 
+import array
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -71,15 +73,22 @@ class FileStat(NamedTuple):  # a tuple: 100,000 of them are made per scan
         return max(self.mtime_ns, self.ctime_ns)
 
 
-def scan_digest(files: Iterable[tuple[str, FileStat]]) -> tuple[str, int]:
-    """A digest of every (path, stat) of a scanned tree, in the order given, and the newest
-    change time among them."""
-    lines = []
-    newest = 0
-    for path, s in files:
-        lines.append(f"{path}\0{s.size}\0{s.mtime_ns}\0{s.ctime_ns}\0{s.inode}\0{s.device}\n")
-        newest = max(newest, s.mtime_ns, s.ctime_ns)
-    return hashlib.sha256("".join(lines).encode()).hexdigest(), newest
+def scan_digest(paths: Sequence[str], stats: Sequence[FileStat]) -> tuple[str, int]:
+    """A digest of every path and its stat in a scanned tree, in the order given, and the
+    newest change time among them. The stats are hashed as one array of 64-bit integers and
+    the paths as one NUL-separated string: no per-file formatting, which at 100,000 files
+    cost more than the scan's lstat calls."""
+    numbers = list(itertools.chain.from_iterable(stats))
+    try:
+        packed = array.array("q", numbers)
+    except OverflowError:  # an inode or device past 2**63: hashed as unsigned instead
+        packed = array.array("Q", [n % 2**64 for n in numbers])
+    digest = hashlib.sha256(b"gpulease/scan/1\0")
+    digest.update("\0".join(paths).encode("utf-8", "surrogateescape"))
+    digest.update(b"\0")
+    digest.update(packed.tobytes())
+    newest = max(max(numbers[1::5], default=0), max(numbers[2::5], default=0))
+    return digest.hexdigest(), newest
 
 
 def cache_home() -> Path:
