@@ -1,5 +1,5 @@
-"""`gpulease exec`'s quick path (cli/entry.py, client/quickexec.py): the in-process server
-app served on a loopback port, since the quick path speaks HTTP itself."""
+"""`gpulease exec`'s and `gpulease run`'s quick path (cli/entry.py, client/quickexec.py): the
+in-process server app served on a loopback port, since the quick path speaks HTTP itself."""
 
 from __future__ import annotations
 
@@ -146,3 +146,97 @@ def test_the_quick_path_takes_exec_in_its_one_form(
 )
 def test_anything_else_goes_to_the_typer_app(argv: list[str]) -> None:
     assert entry.exec_request(argv) is None
+
+
+def test_quick_run_makes_the_instance_and_run_then_follows_them_to_the_release(
+    server: InProcessServer,
+    over_tcp: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    login(server, "ann", monkeypatch)
+    server.cluster.job = lambda run: ([("stdout", "out 1\n"), ("stderr", "boom\n")], 7)
+    server.cluster.start()
+    request = entry.run_request(["run", "--gpu", "A100-80GB:1", "-e", "K=V", "--", "x", "a b"])
+    assert request is not None
+    assert entry.quick_run(request) == 7
+    out = capsys.readouterr()
+    assert out.out == "out 1\n"
+    assert "boom\n" in out.err and "failed with exit code 7" in out.err
+    (run,) = server.cluster.runs  # the hand-over follows the run, never posts again
+    assert (run["command"], run["env"]) == ("x 'a b'", {"K": "V"})
+    (instance,) = server.user("ann").instances.list(include_released=True)
+    assert (instance.gpu_model, instance.template) == ("A100-80GB", "pytorch")
+    assert instance.status == "released"
+
+
+def test_quick_run_refusals_say_what_was_wrong(
+    server: InProcessServer,
+    over_tcp: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    login(server, "ann", monkeypatch)
+    request = entry.run_request(["run", "--gpu", "Z9:1", "--", "true"])
+    assert request is not None
+    assert entry.quick_run(request) == 1
+    assert "error: " in (err := capsys.readouterr().err) and "Z9" in err
+    assert server.user("ann").instances.list(include_released=True) == []
+    monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
+    assert entry.quick_run(request) is None  # the SDK's to send, through the proxy
+
+
+def test_the_quick_requests_reach_only_the_callers_instances(
+    server: InProcessServer, over_tcp: str
+) -> None:
+    from gpulease.client import quickexec
+    from gpulease.client.errors import ApiError
+
+    box = server.user("bob").instances.create(InstanceCreate(gpu="T4:1", name="box"))
+    token = server.user("ann").token
+    assert token is not None
+    with pytest.raises(ApiError) as refused:
+        quickexec.call_json(over_tcp, token, None, "POST", f"/instances/{box.id}/runs", {
+            "command": "cat secret"
+        })  # fmt: skip
+    assert refused.value.status == 404
+    assert server.cluster.runs == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "wanted"),
+    [
+        (["run", "--", "echo", "hi"], (["echo", "hi"], {}, None, None)),
+        (
+            ["run", "--gpu=T4:1", "--template", "python", "--env", "A=1", "--", "true"],
+            (["true"], {"A": "1"}, "T4:1", "python"),
+        ),
+        (["run", "-e", "B=x=y", "--gpu", "T4:1", "--", "t.yaml", "x"],
+         (["t.yaml", "x"], {"B": "x=y"}, "T4:1", None)),
+    ],
+)  # fmt: skip
+def test_the_quick_path_takes_run_with_a_command(
+    argv: list[str], wanted: tuple[list[str], dict[str, str], str | None, str | None]
+) -> None:
+    request = entry.run_request(argv)
+    assert request is not None
+    assert (request.command, request.env, request.gpu, request.template) == wanted
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "task.yaml"],
+        ["run", "--", "task.yaml"],  # the task file's
+        ["run", "--gpu", "T4:1"],  # no command
+        ["run", "--gpu", "T4:1", "--gpu", "A100-80GB:1", "--", "true"],
+        ["run", "--gpu", "--", "true"],
+        ["run", "--retry", "1", "--", "true"],
+        ["run", "--workdir", ".", "--", "true"],
+        ["run", "--spot", "--", "true"],
+        ["run", "-e", "1A=2", "--", "true"],
+        ["run", "--help"],
+    ],
+)
+def test_a_run_with_anything_else_goes_to_the_typer_app(argv: list[str]) -> None:
+    assert entry.run_request(argv) is None

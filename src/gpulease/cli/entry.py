@@ -1,11 +1,15 @@
 """The `gpulease` program: `gpulease exec REF -- COMMAND` on a running instance takes a quick
-path that imports only the standard library's HTTP client (client/quickexec.py); every other
-command, and any exec this path does not finish, is the Typer app of cli/main.py.
+path that imports only the standard library's HTTP client (client/quickexec.py), and so do
+the first two requests of `gpulease run --gpu G -- COMMAND`; every other command, any exec
+this path does not finish and the rest of such a run are the Typer app of cli/main.py.
 
-The quick path takes exactly `exec REF [--env KEY=VALUE | -e KEY=VALUE]... -- COMMAND...`;
-anything else (`--help`, another option, no `--`, a malformed --env) goes to the Typer app,
+The quick path takes exactly `exec REF [--env KEY=VALUE | -e KEY=VALUE]... -- COMMAND...`
+and `run [--gpu G] [--template T] [-e KEY=VALUE]... -- COMMAND...`; anything else
+(`--help`, another option, no `--`, a malformed --env, a task file) goes to the Typer app,
 which says what is wrong. It prints what the Typer command prints (the run's note on
 stderr, the job's bytes as they are, `error: ...` on refusals) and exits with the same code.
+A quick run makes its instance and its run, then the Typer app's `run` follows them
+(cli/runs.resume_run): it loads while the instance starts, which takes longer.
 """
 
 from __future__ import annotations
@@ -26,29 +30,70 @@ class ExecRequest:
     env: dict[str, str]
 
 
+@dataclass(frozen=True)
+class RunRequest:
+    command: list[str]
+    env: dict[str, str]
+    gpu: str | None
+    template: str | None
+
+
 def exec_request(argv: list[str]) -> ExecRequest | None:
     """The exec that argv asks for, when it has the quick path's one form; None otherwise."""
     if len(argv) < 4 or argv[0] != "exec" or argv[1].startswith("-") or "--" not in argv:
         return None
+    parsed = _parse(argv[2:], ())
+    if parsed is None:
+        return None
+    command, env, _ = parsed
+    return ExecRequest(argv[1], command, env)
+
+
+def run_request(argv: list[str]) -> RunRequest | None:
+    """The run that argv asks for when it is `run [--gpu G] [--template T] [-e K=V]... --
+    COMMAND...` (a task file, --retry, --workdir and the rest are the Typer app's); None
+    otherwise."""
+    if len(argv) < 3 or argv[0] != "run":
+        return None
+    parsed = _parse(argv[1:], ("--gpu", "--template"))
+    if parsed is None:
+        return None
+    command, env, values = parsed
+    if len(command) == 1 and command[0].endswith((".yaml", ".yml")):
+        return None  # `run -- task.yaml` is the task file's
+    return RunRequest(command, env, values.get("--gpu"), values.get("--template"))
+
+
+def _parse(
+    argv: list[str], valued: tuple[str, ...]
+) -> tuple[list[str], dict[str, str], dict[str, str]] | None:
+    """`[OPTION VALUE | -e K=V]... -- COMMAND...` with OPTION one of valued, each at most
+    once: the command, the env and the options' values; None for anything else."""
+    if "--" not in argv:
+        return None
     split = argv.index("--")
-    options, command = argv[2:split], argv[split + 1 :]
+    options, command = argv[:split], argv[split + 1 :]
     env: dict[str, str] = {}
+    values: dict[str, str] = {}
     index = 0
     while index < len(options):
-        option = options[index]
-        if option.startswith("--env="):
-            item = option.removeprefix("--env=")
-        elif option in ("--env", "-e") and index + 1 < len(options):
+        option, sep, value = options[index].partition("=")
+        if not sep:
+            if index + 1 == len(options):
+                return None
             index += 1
-            item = options[index]
+            value = options[index]
+        if option in ("--env", "-e") and (option == "--env" or not sep):
+            key, sep, item = value.partition("=")
+            if not sep or not _ENV_NAME.match(key):
+                return None
+            env[key] = item
+        elif option in valued and option not in values and value and not value.startswith("-"):
+            values[option] = value
         else:
             return None
-        key, sep, value = item.partition("=")
-        if not sep or not _ENV_NAME.match(key):
-            return None
-        env[key] = value
         index += 1
-    return ExecRequest(argv[1], command, env) if command else None
+    return (command, env, values) if command else None
 
 
 def quick_exec(request: ExecRequest) -> int | None:
@@ -114,11 +159,83 @@ def _resume(ref: str, started_json: str, after: int) -> int:
     return reported(lambda: resume_exec(ref, started_json, after))
 
 
+def quick_run(request: RunRequest) -> int | None:
+    """Make the run's instance and its run with two quick requests, then hand the rest to
+    the Typer app's `run` (cli/runs.resume_run): the SDK and Typer load while the instance
+    starts. Its exit code, or None when it left everything to the Typer app before sending
+    anything (no saved login, a proxy)."""
+    from gpulease.client import quickexec
+    from gpulease.client.config import resolve_login, trusted_certificate
+    from gpulease.client.errors import ApiError, ClientError
+    from gpulease.core.run_commands import command_text
+
+    login = resolve_login()
+    if login.server is None or login.token is None:
+        return None
+    server, token, trusted = login.server, login.token, trusted_certificate(login.server)
+    template = request.template or "pytorch"  # as `run`'s --template
+    body = {"gpu": request.gpu, "template": template, "auto_release": True}
+    try:
+        instance = quickexec.call_json(server, token, trusted, "POST", "/instances", body)
+        instance_id = int(instance["id"])
+    except quickexec.Declined:
+        return None
+    except (ClientError, KeyError, TypeError, ValueError) as exc:
+        message = exc.message if isinstance(exc, ClientError) else f"unexpected answer: {exc}"
+        sys.stderr.write(f"error: {message}\n")
+        return 1
+    # RunCreate.of_task of the command's task: its script, env, and the instance stops at
+    # its end (then it is released)
+    run = {
+        "command": command_text(request.command).rstrip(),
+        "env": request.env,
+        "stop_instance_on_exit": True,
+    }
+    run_id: int | None = None
+    try:
+        path = f"/instances/{instance_id}/runs"
+        run_id = int(quickexec.call_json(server, token, trusted, "POST", path, run)["id"])
+    except (ApiError, KeyError, TypeError, ValueError):
+        pass  # refused: `run` asks again, says why and releases the instance
+    except ClientError as exc:  # no answer: the run may be there or not; give it all up
+        sys.stderr.write(f"error: {exc.message}\n")
+        return _give_up(instance_id, str(instance.get("name", instance_id)), 1)
+    except KeyboardInterrupt:
+        return _give_up(instance_id, str(instance.get("name", instance_id)), EXIT_INTERRUPTED)
+    return _resume_run(request, instance_id, run_id)
+
+
+def _resume_run(request: RunRequest, instance_id: int, run_id: int | None) -> int:
+    from gpulease.cli.main import reported
+    from gpulease.cli.runs import resume_run
+
+    return reported(
+        lambda: resume_run(
+            request.command, request.gpu, request.template, request.env, instance_id, run_id
+        )
+    )
+
+
+def _give_up(instance_id: int, name: str, code: int) -> int:
+    """The instance released (nothing else would: its run was never sent); code."""
+    from gpulease.cli.main import reported
+    from gpulease.cli.runs import release_instance
+
+    sys.stderr.write(f"releasing instance {name}\n")
+    reported(lambda: release_instance(instance_id, name))
+    return code
+
+
 def main() -> None:
     """The console script."""
-    request = exec_request(sys.argv[1:])
+    argv = sys.argv[1:]
+    request = exec_request(argv)
     if request is not None:
         code = quick_exec(request)
+        if code is not None:
+            sys.exit(code)
+    elif (run := run_request(argv)) is not None:
+        code = quick_run(run)
         if code is not None:
             sys.exit(code)
     from gpulease.cli.main import app

@@ -192,6 +192,31 @@ def resume_exec(ref: str, started_json: str, after: int) -> None:
     raise typer.Exit(code)
 
 
+def resume_run(
+    command: list[str],
+    gpu: str | None,
+    template: str | None,
+    env: dict[str, str],
+    instance_id: int,
+    run_id: int | None,
+) -> None:
+    """The rest of a `gpulease run --gpu G -- COMMAND` whose instance (and run, unless
+    run_id is None: then it is made here) cli/entry.py's quick path made: as `run` from
+    there on."""
+    spec, _ = load_task(command, gpu=gpu, template=template, env=env, workdir=None, name=None)
+    with logged_in_client() as client:
+        instance = client.instances.get(instance_id)
+        run = client.runs.get(run_id) if run_id is not None else None
+        # no retries: the quick path takes no --retry and a command's task has none
+        raise typer.Exit(follow_task(client, spec, instance, None, run).code)
+
+
+def release_instance(instance_id: int, name: str) -> None:
+    """Release the instance of a run that cli/entry.py's quick path could not send."""
+    with logged_in_client() as client:
+        _release(client, instance_id, name)
+
+
 def instance_name_for(task_name: str | None) -> str | None:
     """'Cat Breeds v2' -> 'cat-breeds-v2-3f9a': a valid instance name that does not clash."""
     if not task_name:
@@ -432,13 +457,26 @@ def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | 
             lambda run_id, i: finish_line(client, run_id, i),
             lambda run_id, end: exit_code_of(client, run_id, end),
         )
+    return follow_task(client, spec, instance, archive)
+
+
+def follow_task(
+    client: GpuleaseClient,
+    spec: TaskSpec,
+    instance: InstancePublic,
+    archive: WorkdirArchive | None,
+    run: RunPublic | None = None,
+) -> Attempt:
+    """The task on its new instance: the workdir uploaded and its run made (unless run is
+    given, made already), its output streamed, its end and cost said."""
     note(f"instance {instance.id} {instance.name}: {status_text(instance)}")
     try:
         try:
             if archive is not None:
                 client.instances.upload_workdir(instance.id, archive)
                 note(f"workdir uploaded ({archive.files} files, {archive.size:,} bytes)")
-            run = client.runs.create(instance.id, RunCreate.of_task(spec))
+            if run is None:
+                run = client.runs.create(instance.id, RunCreate.of_task(spec))
         except ClientError as exc:
             explained = _explained(client, instance.id, exc)
             _release(client, instance.id, instance.name)  # nothing would ever release it

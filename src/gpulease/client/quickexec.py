@@ -66,6 +66,59 @@ def open_exec(
     ServerUnreachable, a certificate that is not the pinned or a trusted one
     CertificateChanged or UntrustedCertificate, all before any output; Declined when the
     SDK should send it instead."""
+    path = f"/api/v1/instances/{quote(ref, safe='')}/exec"
+    url, connection, response = _send(
+        server_url, token, trusted, "POST", path, body, "text/event-stream"
+    )
+    if connection.sock is not None:
+        connection.sock.settimeout(READ_TIMEOUT_S)
+    messages = parse_sse(_lines(connection, response))
+    first = next(messages, None)
+    try:
+        if first is None or first.event != "run":
+            raise ValueError("the answer did not start with its run")
+        started = json.loads(first.data)
+        int(started["run"]["id"])
+        str(started["instance_status"])
+    except (ValueError, KeyError, TypeError) as exc:
+        connection.close()
+        raise _unexpected(url, path, exc) from exc
+    return QuickExec(started, first.data, messages)
+
+
+def call_json(
+    server_url: str,
+    token: str,
+    trusted: TrustedCertificate | None,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One API request (path from /api/v1 on) and its JSON object answer; refusals and no
+    answer raise as open_exec's do, Declined likewise before anything is sent."""
+    url, connection, response = _send(server_url, token, trusted, method, f"/api/v1{path}", body)
+    try:
+        answer = json.loads(response.read())
+        if not isinstance(answer, dict):
+            raise ValueError("the answer is not a JSON object")
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise _unexpected(url, path, exc) from exc
+    finally:
+        connection.close()
+    return answer
+
+
+def _send(
+    server_url: str,
+    token: str,
+    trusted: TrustedCertificate | None,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    accept: str = "application/json",
+) -> tuple[str, http.client.HTTPConnection, http.client.HTTPResponse]:
+    """The request sent and its answer's status and headers read: the server's URL, the
+    connection and the answer; a refusal raises ApiError (the connection closed)."""
     if any(os.environ.get(name) or os.environ.get(name.upper()) for name in PROXY_VARIABLES):
         raise Declined("a proxy is configured")
     url = normalize_server_url(server_url)
@@ -79,14 +132,13 @@ def open_exec(
         )
     else:
         connection = http.client.HTTPConnection(host, parts.port or 80, timeout=CONNECT_TIMEOUT_S)
-    path = f"{parts.path}/api/v1/instances/{quote(ref, safe='')}/exec"
-    headers = {
-        "Authorization": f"Bearer {token}",
-        "Accept": "text/event-stream",
-        "Content-Type": "application/json",
-    }
+    headers = {"Authorization": f"Bearer {token}", "Accept": accept}
+    payload = None
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+        payload = json.dumps(body).encode()
     try:
-        connection.request("POST", path, body=json.dumps(body).encode(), headers=headers)
+        connection.request(method, f"{parts.path}{path}", body=payload, headers=headers)
         response = connection.getresponse()
     except (OSError, http.client.HTTPException) as exc:
         connection.close()
@@ -95,23 +147,14 @@ def open_exec(
         text = refusal_text(response.status, response.reason, response.read())
         connection.close()
         raise ApiError(response.status, text)
-    if connection.sock is not None:
-        connection.sock.settimeout(READ_TIMEOUT_S)
-    messages = parse_sse(_lines(connection, response))
-    first = next(messages, None)
-    try:
-        if first is None or first.event != "run":
-            raise ValueError("the answer did not start with its run")
-        started = json.loads(first.data)
-        int(started["run"]["id"])
-        str(started["instance_status"])
-    except (ValueError, KeyError, TypeError) as exc:
-        connection.close()
-        raise ClientError(
-            f"unexpected answer from {url} to {path} ({exc}); "
-            "is it a gpulease server of a matching version?"
-        ) from exc
-    return QuickExec(started, first.data, messages)
+    return url, connection, response
+
+
+def _unexpected(url: str, path: str, exc: BaseException) -> ClientError:
+    return ClientError(
+        f"unexpected answer from {url} to {path} ({exc}); "
+        "is it a gpulease server of a matching version?"
+    )
 
 
 def _lines(
