@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpulease.runner.connection import Aborted, Connection, ServerGone, Unreachable
+from gpulease.runner.connection import Aborted, Connection, ServerGone, Unreachable, tls_verify
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -180,3 +180,22 @@ def test_a_released_instance_opens_no_session() -> None:
         conn.open_session()
     assert conn.gone.is_set() and len(stops) == 1
     assert [path for path, _ in server.seen] == ["session", "session"]  # old, then new token
+
+
+def test_only_an_https_server_is_verified_and_a_pinned_certificate_is_trusted_alone(
+    tmp_path: Path,
+) -> None:
+    import ssl
+    import subprocess
+
+    assert tls_verify("http://127.0.0.1:8420", None) is False  # nothing to verify
+    assert tls_verify("https://gpu.example.org", None) is True
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=gpu",
+         "-keyout", str(key), "-out", str(cert), "-days", "1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    pinned = tls_verify("https://gpu.example.org", cert.read_text())
+    assert isinstance(pinned, ssl.SSLContext) and pinned.verify_mode == ssl.CERT_REQUIRED
+    assert [c["subject"] for c in pinned.get_ca_certs()] == [((("commonName", "gpu"),),)]
