@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gpulease import track
 from gpulease.backends.base import RunnerSpec
 from gpulease.core.templates import get_template
 from gpulease.runner import preempt
 from gpulease.runner.agent import Agent
-from gpulease.runner.sandbox import SDK_ROOT
+from gpulease.runner.sandbox import SDK_ROOT, find_bwrap, probe
 from gpulease.schemas.runner import RunnerRun
 
 # On SIGTERM: write whether the notice is there, take 1.5 s to "checkpoint", exit 0.
@@ -36,23 +38,29 @@ while True:
 """
 
 
-def _agent(tmp_path: Path) -> Agent:
+def _agent(tmp_path: Path, *, sandbox: bool = False, run_dir: Path | None = None) -> Agent:
     (tmp_path / "job.py").write_text(JOB)
     spec = RunnerSpec(
         instance_id=7,
         server_url="http://127.0.0.1:1",
         token="launch-secret",
         workspace=tmp_path,
-        run_dir=tmp_path / "run",
+        run_dir=run_dir or tmp_path / "run",
         env_cache=tmp_path / "envs",
         template=get_template("python"),
+        sandbox=sandbox,
+        vcpus=1.0 if sandbox else None,
+        memory_bytes=2**30 if sandbox else None,
     )
     server = httpx.MockTransport(lambda request: httpx.Response(204))
-    return Agent(spec, transport=server, stop_grace_s=0.5, leftover_grace_s=0.2)
+    agent = Agent(spec, transport=server, stop_grace_s=0.5, leftover_grace_s=0.2)
+    if sandbox:  # this venv as the template's and the layer's: the sandbox binds it read-only
+        agent._env_dir = agent._layer_dir = Path(sys.prefix)
+    return agent
 
 
-def _run_until_started(agent: Agent, tmp_path: Path) -> None:
-    agent._start_run(RunnerRun(id=1, command=f"{sys.executable} job.py"))
+def _run_until_started(agent: Agent, tmp_path: Path, python: str = sys.executable) -> None:
+    agent._start_run(RunnerRun(id=1, command=f"{python} job.py"))
     deadline = time.monotonic() + 20
     while not (tmp_path / "started.txt").exists():
         assert time.monotonic() < deadline, "the job did not start"
@@ -60,22 +68,43 @@ def _run_until_started(agent: Agent, tmp_path: Path) -> None:
     assert (tmp_path / "started.txt").read_text() == "False"  # no notice before one is sent
 
 
-def test_a_preempted_job_sees_the_notice_and_gets_the_grace(tmp_path: Path) -> None:
-    agent = _agent(tmp_path)
-    _run_until_started(agent, tmp_path)
+def _preempt_and_see_it_saved(agent: Agent, workspace: Path) -> None:
     agent._stop_asked(5.0)
     started = time.monotonic()
     (run,) = agent._stop_all()
     took = time.monotonic() - started
     # the checkpoint took longer than an ordinary stop's grace and was not cut short
-    assert (tmp_path / "checkpoint.txt").read_text() == "preempted=True saved"
+    assert (workspace / "checkpoint.txt").read_text() == "preempted=True saved"
     # the job exited by itself once saved; the run still reads as stopped by its SIGTERM
     assert run.process.exit_code == -15 and 1.4 < took < 5.0
+
+
+def test_a_preempted_job_sees_the_notice_and_gets_the_grace(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    _run_until_started(agent, tmp_path)
+    _preempt_and_see_it_saved(agent, tmp_path)
     notice = json.loads(preempt.notice_file(tmp_path / "run").read_text())
     assert notice["grace_s"] == 5.0 and notice["deadline"] > time.time()
     # a runner starting again clears the notice
     preempt.clear_notice(tmp_path / "run")
     assert not preempt.notice_file(tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(find_bwrap() is None or probe() is not None, reason="no sandbox here")
+def test_a_sandboxed_job_keeps_its_grace_after_the_thread_that_started_it_returns(
+    tmp_path: Path,
+) -> None:
+    # Runs start from the loop that polls the server, which returns when told to stop.
+    # bwrap's --die-with-parent fires when the thread that forked it ends: a run forked
+    # there was SIGKILLed at once, before its checkpoint.
+    workspace = tmp_path / "workspace"  # the runner's files must lie outside it
+    workspace.mkdir()
+    agent = _agent(workspace, sandbox=True, run_dir=tmp_path / "run")
+    poller = threading.Thread(target=_run_until_started, args=(agent, workspace, "python"))
+    poller.start()
+    poller.join()
+    assert (workspace / "started.txt").exists()
+    _preempt_and_see_it_saved(agent, workspace)
 
 
 def test_an_ordinary_stop_posts_no_notice_and_keeps_its_grace(tmp_path: Path) -> None:

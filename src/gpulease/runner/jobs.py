@@ -20,7 +20,7 @@ from typing import IO
 from gpulease.backends.base import RunnerSpec
 from gpulease.backends.procfs import group_running, signal_group
 from gpulease.runner.logs import LogBatcher
-from gpulease.runner.sandbox import Sandbox, SandboxError, exit_code_from_sandbox
+from gpulease.runner.sandbox import Sandbox, SandboxError, exit_code_from_sandbox, popen
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,9 @@ class RunProcess:
                 argv = self._sandbox.command(argv, info_fd=info_write)
                 if self._sandbox.cgroup is not None:
                     self._oom_kills_before = self._sandbox.cgroup.oom_kills()
-            process = subprocess.Popen(
+            # From the launcher thread, not the caller's: the loop that polls for runs
+            # returns at a stop, and bwrap's --die-with-parent would then SIGKILL the job.
+            process = popen(
                 argv,
                 cwd=self._cwd,
                 env=self._env,

@@ -11,12 +11,10 @@ site-packages appended to sys.path so that ipykernel imports (both are Python 3.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import json
 import logging
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -31,6 +29,7 @@ from gpulease.core.templates import Template
 from gpulease.envs.build import EnvBuildError, ensure_env, env_python
 from gpulease.runner import safefs
 from gpulease.runner.sandbox import JUPYTER_ROOT, WORKSPACE, Sandbox, SandboxError
+from gpulease.runner.sandbox import popen as sandbox_popen
 from gpulease.runner.streams import connect_unix
 
 log = logging.getLogger(__name__)
@@ -81,34 +80,6 @@ def kernelspec(instance_python: str, tools_site: str) -> dict[str, object]:
     }
 
 
-class _Launcher:
-    """Starts processes from one thread that lives as long as the runner.
-
-    bubblewrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that
-    forked the child ends, not the process. JupyterLab is asked for from short-lived stream
-    threads; started there, it was killed as soon as that stream closed.
-    """
-
-    def __init__(self) -> None:
-        self._requests: queue.Queue[
-            tuple[list[str], dict[str, object], concurrent.futures.Future[subprocess.Popen[bytes]]]
-        ] = queue.Queue()
-        threading.Thread(target=self._serve, name="jupyter-launcher", daemon=True).start()
-
-    def popen(self, argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
-        done: concurrent.futures.Future[subprocess.Popen[bytes]] = concurrent.futures.Future()
-        self._requests.put((argv, kwargs, done))
-        return done.result()
-
-    def _serve(self) -> None:
-        while True:
-            argv, kwargs, done = self._requests.get()
-            try:
-                done.set_result(subprocess.Popen(argv, **kwargs))  # type: ignore[call-overload]
-            except BaseException as exc:  # handed to the caller, which raises it
-                done.set_exception(exc)
-
-
 class JupyterLab:
     """One JupyterLab per instance, started at the first stream that needs it."""
 
@@ -129,7 +100,6 @@ class JupyterLab:
         self._stopping = stopping
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
-        self._launcher = _Launcher()
 
     @property
     def socket_path(self) -> Path:
@@ -218,7 +188,7 @@ class JupyterLab:
         except OSError as exc:
             raise RuntimeError(f"JupyterLab's log cannot be written: {exc}") from exc
         with os.fdopen(log_fd, "ab") as out:
-            self._process = self._launcher.popen(
+            self._process = sandbox_popen(
                 argv,
                 cwd=cwd,
                 env=full_env,

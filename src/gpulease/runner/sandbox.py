@@ -20,15 +20,19 @@ the job's loader variables (LD_PRELOAD and the like) take effect only after that
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
+import queue
 import re
 import stat
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpulease.runner import netns
 from gpulease.runner.cgroups import CgroupError, InstanceCgroup
@@ -129,6 +133,53 @@ _RESTORE_ENV = (
     f'for n in ${{!{LOADER_PREFIX}@}}; do export "${{n#{LOADER_PREFIX}}}=${{!n}}"; unset "$n"; '
     'done; exec "$@"'
 )
+
+
+class _Launcher:
+    """Starts processes from one thread that lives as long as the runner's process.
+
+    bubblewrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that
+    forked bwrap ends, not the process. A sandbox started from a short-lived thread (a
+    stream's, or the loop that polls the server for runs and returns on a stop) is killed
+    with SIGKILL as soon as that thread returns, whatever grace its job was promised.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._requests: queue.SimpleQueue[
+            tuple[Sequence[str], dict[str, Any], concurrent.futures.Future[subprocess.Popen[bytes]]]
+        ] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="sandbox-launcher", daemon=True).start()
+
+    def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        done: concurrent.futures.Future[subprocess.Popen[bytes]] = concurrent.futures.Future()
+        self._requests.put((argv, kwargs, done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            argv, kwargs, done = self._requests.get()
+            try:
+                done.set_result(subprocess.Popen(argv, **kwargs))
+            except BaseException as exc:  # handed to the caller, which raises it
+                done.set_exception(exc)
+
+
+_launcher: _Launcher | None = None
+_launcher_lock = threading.Lock()
+
+
+def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """subprocess.Popen(argv, **kwargs), forked from the process's launcher thread (made at
+    the first call, again in a forked child), so that a sandbox's --die-with-parent fires
+    only when the runner itself dies. Use it for every process that outlives the thread
+    that asks for it: runs (runner/jobs.py) and JupyterLab (runner/jupyter.py)."""
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None or _launcher.pid != os.getpid():
+            _launcher = _Launcher()
+        launcher = _launcher
+    return launcher.popen(argv, **kwargs)
 
 
 class SandboxError(Exception):
