@@ -187,3 +187,52 @@ def test_start_writes_a_private_spec_and_detaches(
         backend.stop(handle)
     assert wait_until(lambda: not backend.alive(handle))
     assert wait_until(lambda: read_stat(json.loads(handle)["pid"]) is None)  # reaped
+
+
+def _proc_link(pid: int, name: str) -> str:
+    return os.readlink(f"/proc/{pid}/{name}")
+
+
+def test_a_prestarted_runner_takes_the_next_spec_as_a_cold_one_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPULEASE_DATABASE_URL", "postgresql://secret")
+    run_dir = tmp_path / "runs" / "8"
+    spec = RunnerSpec(
+        instance_id=8,
+        server_url="http://127.0.0.1:1",  # nothing answers: it keeps trying until stopped
+        token="tok-8",
+        workspace=tmp_path / "ws",
+        run_dir=run_dir,
+        env_cache=tmp_path / "envs",
+        template=get_template("python"),
+    )
+    backend = LocalBackend()
+    backend.prestart()
+    warm = backend._warm
+    assert warm is not None
+    handle = backend.start(spec)
+    try:
+        pid = json.loads(handle)["pid"]
+        assert pid == warm.pid  # the waiting process, not a new one
+        found = read_stat(pid)
+        assert found is not None and found.session == pid
+        assert wait_until(lambda: _proc_link(pid, "fd/0") == "/dev/null", timeout=30)
+        assert _proc_link(pid, "cwd") == str(run_dir)
+        assert _proc_link(pid, "fd/1") == _proc_link(pid, "fd/2") == str(run_dir / "runner.log")
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        assert b"GPULEASE_DATABASE_URL" not in environ
+        assert wait_until(lambda: backend._warm is not None and backend._warm.pid != pid)
+    finally:
+        backend.stop(handle, force=True)
+        backend.stop_warm()
+    assert wait_until(lambda: not backend.alive(handle))
+
+
+def test_a_waiting_runner_exits_when_its_pipe_closes() -> None:
+    backend = LocalBackend()
+    backend.prestart()
+    warm = backend._warm
+    assert warm is not None
+    backend.stop_warm()
+    assert warm.returncode == 0

@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
+from typing import IO
 
 from gpulease.backends.base import RunnerSpec
 from gpulease.backends.procfs import ProcStat, all_stats, read_stat
@@ -53,6 +55,16 @@ class LocalBackend:
 
     The handle is {"pid", "start_time"}: the start time tells our runner from a later
     process that got the same pid.
+
+    Once prestart() was called (the `gpulease server` process does), the backend keeps one
+    runner process started ahead of need
+    (`python -m gpulease.runner --warm`: Python up, the runner imported, reading its spec's
+    path from a pipe only this process holds) and gives the next instance that one: an
+    instance's runner then starts without the interpreter's start and the imports, most of
+    its time before its first line. It is a runner like any other (same interpreter,
+    environment, session of its own, log beside its spec), started before its spec exists;
+    it exits when the pipe closes, with the server. The next one is started after each
+    launch.
     """
 
     name = "local"
@@ -60,6 +72,9 @@ class LocalBackend:
 
     def __init__(self, python: str | None = None) -> None:
         self._python = python or sys.executable
+        self._keep_warm = False
+        self._warm: subprocess.Popen[bytes] | None = None
+        self._warm_lock = threading.Lock()
 
     def start(self, spec: RunnerSpec) -> str:
         run_dir = spec.run_dir
@@ -70,17 +85,10 @@ class LocalBackend:
         with os.fdopen(fd, "w") as out:
             os.fchmod(out.fileno(), 0o600)
             out.write(spec.to_json())
-        with open(run_dir / LOG_FILE, "ab") as runner_log:
-            process = subprocess.Popen(
-                [self._python, "-m", "gpulease.runner", str(spec_file)],
-                stdin=subprocess.DEVNULL,
-                stdout=runner_log,
-                stderr=subprocess.STDOUT,
-                cwd=run_dir,
-                env=_runner_env(),
-                start_new_session=True,
-                close_fds=True,
-            )
+        process = self._hand_to_warm(spec_file)
+        if process is None:
+            with open(run_dir / LOG_FILE, "ab") as runner_log:
+                process = self._spawn([str(spec_file)], runner_log, run_dir)
         stat = read_stat(process.pid)  # not reaped yet, so it is still there
         assert stat is not None
         # Reap the runner when it exits, so it never lingers as a zombie of the server.
@@ -88,7 +96,55 @@ class LocalBackend:
             target=process.wait, name=f"reap-runner-{process.pid}", daemon=True
         ).start()
         log.info("started runner %d for instance %d", process.pid, spec.instance_id)
+        if self._keep_warm:
+            threading.Thread(target=self.prestart, name="warm-runner", daemon=True).start()
         return _handle(process.pid, stat.start_time)
+
+    def prestart(self) -> None:
+        """Start the runner process the next launch takes, unless one waits already; from
+        now on another after each launch."""
+        with self._warm_lock:
+            self._keep_warm = True
+            if self._warm is not None and self._warm.poll() is None:
+                return
+            self._warm = self._spawn(["--warm"], subprocess.DEVNULL, Path("/"), stdin=True)
+
+    def stop_warm(self) -> None:
+        """No runner kept waiting any more: the waiting one's pipe is closed, so it exits."""
+        with self._warm_lock:
+            process, self._warm, self._keep_warm = self._warm, None, False
+        if process is not None and process.stdin is not None:
+            process.stdin.close()
+            process.wait()
+
+    def _hand_to_warm(self, spec_file: Path) -> subprocess.Popen[bytes] | None:
+        """The waiting runner, given spec_file; None when there is none (or it is gone)."""
+        with self._warm_lock:
+            process, self._warm = self._warm, None
+        if process is None or process.poll() is not None or process.stdin is None:
+            return None
+        try:
+            process.stdin.write(f"{spec_file}\n".encode())
+            process.stdin.close()
+        except OSError:  # it exited meanwhile; it reads nothing more
+            process.kill()
+            process.wait()
+            return None
+        return process
+
+    def _spawn(
+        self, args: list[str], output: IO[bytes] | int, cwd: Path, *, stdin: bool = False
+    ) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [self._python, "-m", "gpulease.runner", *args],
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=_runner_env(),
+            start_new_session=True,
+            close_fds=True,
+        )
 
     def alive(self, handle: str) -> bool:
         parsed = _parse_handle(handle)

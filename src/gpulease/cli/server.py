@@ -80,6 +80,7 @@ def server(
     """Run the gpulease server here (settings from GPULEASE_* environment variables)."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from gpulease.backends.local import LocalBackend
     from gpulease.server.app import create_app
     from gpulease.server.isolation import UNSANDBOXED_WARNING
     from gpulease.server.runner_socket import serve
@@ -108,6 +109,8 @@ def server(
         fail(f"cannot open the database ({database_text(settings)}): {exc.__cause__ or exc}")
     except OSError as exc:
         fail(f"cannot prepare the data directory {settings.home}: {exc}")
+    if isinstance(rt.backend, LocalBackend):
+        rt.backend.prestart()  # the first instance's runner is ready before it is asked for
     tls = prepare_tls(settings)  # made (when asked for) and checked by build_runtime
     out = console()
     out.print(f"[bold]gpulease server {__version__}[/bold]")
