@@ -51,12 +51,8 @@ def quick_grace(tmp_path: Path, database_url: str) -> Iterator[Platform]:
         # ~60 s a run: preemption's database side is tested on both databases in process
         # (tests/server/reconcilers/test_preemption.py)
         pytest.skip("spot preemption is tested whole-system on SQLite only")
-    # Unsandboxed: in the bubblewrap sandbox a SIGTERM to the run's process group ends the
-    # job at once today (exit -9 in milliseconds), so no job there can use a stop's grace.
-    extra = {
-        "GPULEASE_PREEMPT_GRACE_S": str(GRACE_S),
-        "GPULEASE_UNSANDBOXED_SINGLE_USER": "true",
-    }
+    # sandboxed, as in production: the job keeps its grace inside bubblewrap too
+    extra = {"GPULEASE_PREEMPT_GRACE_S": str(GRACE_S)}
     with running_platform(tmp_path, database_url, "A100-80GB:2", extra) as platform:
         yield platform
 
