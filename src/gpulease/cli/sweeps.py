@@ -289,7 +289,7 @@ def ls(output: OutputOption = OutputFormat.table) -> None:
     emit_rows(
         found,
         output,
-        ("ID", "NAME", "TRIALS", "STATE", "METRIC", "BEST", "ESTIMATED", "CREATED"),
+        ("ID", "NAME", "TRIALS", "STATE", "METRIC", "BEST TRIAL", "ESTIMATED", "CREATED"),
         lambda s: (
             s.id,
             s.name,
