@@ -17,7 +17,7 @@ from gpulease import track
 from gpulease.backends.base import RunnerSpec
 from gpulease.core.templates import get_template
 from gpulease.runner import preempt
-from gpulease.runner.agent import Agent
+from gpulease.runner.agent import Agent, _Run
 from gpulease.runner.sandbox import SDK_ROOT, find_bwrap, probe
 from gpulease.schemas.runner import RunnerRun
 
@@ -68,6 +68,14 @@ def _run_until_started(agent: Agent, tmp_path: Path, python: str = sys.executabl
     assert (tmp_path / "started.txt").read_text() == "False"  # no notice before one is sent
 
 
+def _exit_code(run: _Run) -> int | None:
+    """The run's exit code, which its watcher records a moment after its process group went."""
+    deadline = time.monotonic() + 10
+    while not run.process.finished and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return run.process.exit_code
+
+
 def _preempt_and_see_it_saved(agent: Agent, workspace: Path) -> None:
     agent._stop_asked(5.0)
     started = time.monotonic()
@@ -76,7 +84,7 @@ def _preempt_and_see_it_saved(agent: Agent, workspace: Path) -> None:
     # the checkpoint took longer than an ordinary stop's grace and was not cut short
     assert (workspace / "checkpoint.txt").read_text() == "preempted=True saved"
     # the job exited by itself once saved; the run still reads as stopped by its SIGTERM
-    assert run.process.exit_code == -15 and 1.4 < took < 5.0
+    assert _exit_code(run) == -15 and 1.4 < took < 5.0
 
 
 def test_a_preempted_job_sees_the_notice_and_gets_the_grace(tmp_path: Path) -> None:
@@ -113,10 +121,7 @@ def test_an_ordinary_stop_posts_no_notice_and_keeps_its_grace(tmp_path: Path) ->
     agent._stop_asked(None)
     (run,) = agent._stop_all()
     assert (tmp_path / "checkpoint.txt").read_text() == "preempted=False"
-    deadline = time.monotonic() + 10  # its watcher records the exit a moment after the kill
-    while not run.process.finished and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert run.process.exit_code == -9  # killed after the 0.5 s stop grace
+    assert _exit_code(run) == -9  # killed after the 0.5 s stop grace
     assert not preempt.notice_file(tmp_path / "run").exists()
 
 
