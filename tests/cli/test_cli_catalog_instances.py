@@ -38,7 +38,7 @@ def test_instance_create_list_show_stop_start_release(cli: Cli) -> None:
     cli.login_as("ann")
     created = cli("instance", "create", "--gpu", "T4:1", "--name", "box")
     assert created.exit_code == 0, created.output
-    assert "box" in created.stdout and "queued, next to start" in created.stdout
+    assert "box" in created.stdout and "queued, being placed on a node" in created.stdout
 
     listed = cli("instance", "ls")
     assert "box" in listed.stdout and "queued (#1)" in listed.stdout

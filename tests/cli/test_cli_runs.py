@@ -96,7 +96,7 @@ def test_exec_on_a_queued_instance_says_what_it_waits_for(
     start_the_cluster_on_the_first_wait(cli, monkeypatch)
     result = cli("exec", "box", "--", "echo hi")
     assert result.exit_code == 0, result.output
-    assert "instance box: queued, next to start" in result.stderr
+    assert "instance box: queued, being placed on a node" in result.stderr
 
 
 def test_logs_follow_of_a_pending_run_says_what_it_waits_for(
@@ -108,7 +108,7 @@ def test_logs_follow_of_a_pending_run_says_what_it_waits_for(
     start_the_cluster_on_the_first_wait(cli, monkeypatch)
     followed = cli("logs", str(run.id), "-f")
     assert followed.exit_code == 0, followed.output
-    assert "instance box: queued, next to start" in followed.stderr
+    assert "instance box: queued, being placed on a node" in followed.stderr
 
 
 def task_dir(tmp_path: Path) -> Path:
@@ -274,7 +274,7 @@ def test_logs_pages_follow_and_runs_listing(cli: Cli) -> None:
     instance = ann.instances.create(InstanceCreate(gpu="T4:1", name="box"))
     cli.server.cluster.job = lambda run: ([("stdout", f"line {i}\n") for i in range(3)], 0)
     run = ann.runs.create("box", RunCreate(command="python train.py\necho second line"))
-    assert "pending: instance queued, next to start" in cli("runs").stdout
+    assert "pending: instance queued, being placed on a node" in cli("runs").stdout
     cli.server.cluster.start()
     followed = cli("logs", str(run.id), "-f")
     assert followed.exit_code == 0 and followed.stdout == "line 0\nline 1\nline 2\n"

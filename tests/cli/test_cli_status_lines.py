@@ -40,8 +40,8 @@ def instance(status: str, **fields: object) -> InstancePublic:
 @pytest.mark.parametrize(
     ("shown", "expected"),
     [
-        (instance("queued", queue_position=1), "queued, next to start"),
-        (instance("queued"), "queued, next to start"),
+        (instance("queued", queue_position=1), "queued, being placed on a node"),
+        (instance("queued"), "queued, being placed on a node"),
         (instance("queued", queue_position=3), "queued behind 2 other requests"),
         (instance("queued", queue_position=2), "queued behind 1 other request"),
         (

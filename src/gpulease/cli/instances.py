@@ -79,7 +79,7 @@ def status_text(instance: InstancePublic) -> str:
         ahead = (instance.queue_position or 1) - 1
         if ahead:
             return f"queued behind {ahead} other request{'s' if ahead != 1 else ''}"
-        return "queued, next to start"
+        return "queued, being placed on a node"
     detail = instance.status_message if status in WAITING else instance.status_reason
     if not detail or detail.lower() == status:
         return status
@@ -138,7 +138,7 @@ instance_app = typer.Typer(
 
 
 def _print_instance_line(instance: InstancePublic, verb: str = "") -> None:
-    """'instance 3 box created: queued, next to start' or 'instance 3 box: stopped'."""
+    """'instance 3 box created: queued, being placed on a node' or 'instance 3 box: stopped'."""
     head = f"instance {instance.id} [bold]{escape(instance.name)}[/bold]"
     console().print(f"{head}{' ' + verb if verb else ''}: {escape(status_text(instance))}")
 
