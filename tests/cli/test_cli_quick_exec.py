@@ -163,6 +163,7 @@ def test_quick_run_makes_the_instance_and_run_then_follows_them_to_the_release(
     out = capsys.readouterr()
     assert out.out == "out 1\n"
     assert "boom\n" in out.err and "failed with exit code 7" in out.err
+    assert "run 1: x 'a b'\n" in out.err  # the quick path streamed it
     (run,) = server.cluster.runs  # the hand-over follows the run, never posts again
     assert (run["command"], run["env"]) == ("x 'a b'", {"K": "V"})
     (instance,) = server.user("ann").instances.list(include_released=True)

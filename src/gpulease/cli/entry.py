@@ -17,10 +17,17 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from gpulease.client.sse import SseMessage
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXIT_INTERRUPTED = 130
+PLACED_POLL_S = 0.05
+PLACED_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,6 @@ def _parse(
 def quick_exec(request: ExecRequest) -> int | None:
     """Run the exec on the quick path; its exit code, or None when it left it to the Typer
     app before sending anything (no saved login, a proxy)."""
-    import json
 
     from gpulease.client import quickexec
     from gpulease.client.config import resolve_login, trusted_certificate
@@ -124,24 +130,34 @@ def quick_exec(request: ExecRequest) -> int | None:
     after = -1
     try:
         if started.started["instance_status"] == "running":
-            for message in started.messages:
-                if message.event == "log":
-                    chunk = json.loads(message.data)
-                    if int(chunk["seq"]) > after:
-                        _write(chunk)
-                        after = int(chunk["seq"])
-                elif message.event == "end":
-                    end = json.loads(message.data)
-                    code = shell_exit_code(end.get("exit_code"), str(end.get("status")))
-                    if code is not None:
-                        return code
-                    break  # the SDK's path says why it failed
+            after, end = _print_until_end(started.messages)
+            if end is not None:
+                code = shell_exit_code(end.get("exit_code"), str(end.get("status")))
+                if code is not None:
+                    return code  # else the SDK's path says why it failed
     except KeyboardInterrupt:
         sys.stderr.write(
             f"run {run_id} keeps running; follow it with `gpulease logs {run_id} -f`\n"
         )
         return EXIT_INTERRUPTED
     return _resume(request.ref, started.started_json, after)
+
+
+def _print_until_end(messages: Iterator[SseMessage]) -> tuple[int, dict[str, Any] | None]:
+    """The run's output written as its events come, until its end event: the last chunk
+    written (-1: none) and the end's JSON (None when the answer stopped before it)."""
+    import json
+
+    after = -1
+    for message in messages:
+        if message.event == "log":
+            chunk = json.loads(message.data)
+            if int(chunk["seq"]) > after:
+                _write(chunk)
+                after = int(chunk["seq"])
+        elif message.event == "end":
+            return after, json.loads(message.data)
+    return after, None
 
 
 def _write(chunk: dict[str, Any]) -> None:
@@ -167,7 +183,7 @@ def quick_run(request: RunRequest) -> int | None:
     from gpulease.client import quickexec
     from gpulease.client.config import resolve_login, trusted_certificate
     from gpulease.client.errors import ApiError, ClientError
-    from gpulease.core.run_commands import command_text
+    from gpulease.core.run_commands import command_text, first_line
 
     login = resolve_login()
     if login.server is None or login.token is None:
@@ -178,6 +194,7 @@ def quick_run(request: RunRequest) -> int | None:
     try:
         instance = quickexec.call_json(server, token, trusted, "POST", "/instances", body)
         instance_id = int(instance["id"])
+        name = str(instance.get("name", instance_id))
     except quickexec.Declined:
         return None
     except (ClientError, KeyError, TypeError, ValueError) as exc:
@@ -199,19 +216,69 @@ def quick_run(request: RunRequest) -> int | None:
         pass  # refused: `run` asks again, says why and releases the instance
     except ClientError as exc:  # no answer: the run may be there or not; give it all up
         sys.stderr.write(f"error: {exc.message}\n")
-        return _give_up(instance_id, str(instance.get("name", instance_id)), 1)
+        return _give_up(instance_id, name, 1)
     except KeyboardInterrupt:
-        return _give_up(instance_id, str(instance.get("name", instance_id)), EXIT_INTERRUPTED)
-    return _resume_run(request, instance_id, run_id)
+        return _give_up(instance_id, name, EXIT_INTERRUPTED)
+    if run_id is not None:
+        instance = _placed(server, token, trusted, instance)
+    if run_id is None or instance.get("status") not in ("starting", "running"):
+        return _resume_run(request, instance_id, run_id)  # `run` says what it waits for
+    status, said = instance.get("status"), instance.get("status_message")
+    sys.stderr.write(f"instance {instance_id} {name}: {status}")
+    sys.stderr.write(f": {said}\n" if said else "\n")
+    sys.stderr.write(f"run {run_id}: {first_line(command_text(request.command))}\n")
+    after, end = -1, None
+    try:
+        path = f"/runs/{run_id}/stream?logs=true&metrics=false&since=-1:0"
+        after, end = _print_until_end(quickexec.open_stream(server, token, trusted, path))
+    except (ClientError, KeyError, TypeError, ValueError):
+        pass  # `run` follows the stream from where it broke
+    except KeyboardInterrupt:
+        return _give_up(instance_id, name, EXIT_INTERRUPTED)
+    return _resume_run(request, instance_id, run_id, (after, end))
 
 
-def _resume_run(request: RunRequest, instance_id: int, run_id: int | None) -> int:
+def _placed(server: str, token: str, trusted: Any, instance: dict[str, Any]) -> dict[str, Any]:
+    """The instance once the scheduler has placed it or said why it waits (a new one is
+    queued until its next tick, a fraction of a second on an idle node), looked at every
+    PLACED_POLL_S for up to PLACED_WAIT_S; as it was if that cannot be told."""
+    import time
+
+    from gpulease.client import quickexec
+    from gpulease.client.errors import ClientError
+
+    deadline = time.monotonic() + PLACED_WAIT_S
+    while instance.get("status") == "queued" and not instance.get("status_message"):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(PLACED_POLL_S)
+        try:
+            instance = quickexec.call_json(
+                server, token, trusted, "GET", f"/instances/{int(instance['id'])}"
+            )
+        except (ClientError, KeyError, TypeError, ValueError):
+            break
+    return instance
+
+
+def _resume_run(
+    request: RunRequest,
+    instance_id: int,
+    run_id: int | None,
+    streamed: tuple[int, dict[str, Any] | None] | None = None,
+) -> int:
     from gpulease.cli.main import reported
     from gpulease.cli.runs import resume_run
 
     return reported(
         lambda: resume_run(
-            request.command, request.gpu, request.template, request.env, instance_id, run_id
+            request.command,
+            request.gpu,
+            request.template,
+            request.env,
+            instance_id,
+            run_id,
+            streamed,
         )
     )
 

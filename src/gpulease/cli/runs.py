@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -199,16 +199,28 @@ def resume_run(
     env: dict[str, str],
     instance_id: int,
     run_id: int | None,
+    streamed: tuple[int, dict[str, Any] | None] | None = None,
 ) -> None:
     """The rest of a `gpulease run --gpu G -- COMMAND` whose instance (and run, unless
     run_id is None: then it is made here) cli/entry.py's quick path made: as `run` from
-    there on."""
+    there on. streamed: the quick path printed the run's output up to chunk N already,
+    and saw its end event (the JSON) or not."""
     spec, _ = load_task(command, gpu=gpu, template=template, env=env, workdir=None, name=None)
     with logged_in_client() as client:
         instance = client.instances.get(instance_id)
         run = client.runs.get(run_id) if run_id is not None else None
         # no retries: the quick path takes no --retry and a command's task has none
-        raise typer.Exit(follow_task(client, spec, instance, None, run).code)
+        if run is None or streamed is None:
+            raise typer.Exit(follow_task(client, spec, instance, None, run).code)
+        after, seen = streamed
+        try:
+            if seen is None:
+                end = stream_run(client, run.id, after)
+            else:
+                end = EndEvent(str(seen["status"]), seen.get("exit_code"))
+        except KeyboardInterrupt:
+            raise typer.Exit(_interrupted(client, instance).code) from None
+        raise typer.Exit(finish_task(client, instance, run, end).code)
 
 
 def release_instance(instance_id: int, name: str) -> None:
@@ -486,6 +498,17 @@ def follow_task(
             task = f"task {spec.name!r}: " if spec.name else ""
             note(f"instance {instance.name} is running; run {run.id}, {task}{first_line(spec.run)}")
         end = stream_run(client, run.id)
+    except KeyboardInterrupt:
+        return _interrupted(client, instance)
+    return finish_task(client, instance, run, end)
+
+
+def finish_task(
+    client: GpuleaseClient, instance: InstancePublic, run: RunPublic, end: EndEvent
+) -> Attempt:
+    """After the run's end: the runs the server queued again in its place followed, then
+    its exit code for the shell and its one last line."""
+    try:
         while (again := requeued_run(client, instance.id, run)) is not None:
             note(f"run {run.id} was interrupted; instance {instance.name} is queued again")
             run = again
@@ -493,15 +516,19 @@ def follow_task(
             note(f"run {run.id} resumes the task:")
             end = stream_run(client, run.id)
     except KeyboardInterrupt:
-        note(f"interrupted: releasing instance {instance.name}")
-        _release(client, instance.id, instance.name)
-        return Attempt(EXIT_INTERRUPTED, instance.id, instance.name, None)
+        return _interrupted(client, instance)
     code = exit_code_of(client, run.id, end)
     try:
         note(finish_line(client, run.id, instance.id))
     except ClientError as exc:  # the run's own exit code still stands
         note(f"run {run.id} ended; its cost could not be read: {exc.message}")
     return Attempt(code, instance.id, instance.name, end)
+
+
+def _interrupted(client: GpuleaseClient, instance: InstancePublic) -> Attempt:
+    note(f"interrupted: releasing instance {instance.name}")
+    _release(client, instance.id, instance.name)
+    return Attempt(EXIT_INTERRUPTED, instance.id, instance.name, None)
 
 
 def finish_line(client: GpuleaseClient, run_id: int, instance_id: int) -> str:

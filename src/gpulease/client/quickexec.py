@@ -86,6 +86,19 @@ def open_exec(
     return QuickExec(started, first.data, messages)
 
 
+def open_stream(
+    server_url: str, token: str, trusted: TrustedCertificate | None, path: str
+) -> Iterator[SseMessage]:
+    """GET path (from /api/v1 on) as an event stream: its events as they come, until it
+    ends or breaks. Raises as open_exec does before the first event."""
+    _, connection, response = _send(
+        server_url, token, trusted, "GET", f"/api/v1{path}", None, "text/event-stream"
+    )
+    if connection.sock is not None:
+        connection.sock.settimeout(READ_TIMEOUT_S)
+    return parse_sse(_lines(connection, response))
+
+
 def call_json(
     server_url: str,
     token: str,
