@@ -16,17 +16,18 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import gc
 import hashlib
 import logging
 import os
 import secrets
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 API = f"{RUNNER_API}/datasets"
 FETCH_CHUNKS = 2048
 FETCH_BYTES = 32 * 1024 * 1024
+FETCH_AHEAD = 2  # requests on their way (and decrypted on worker threads) at once
 LINKS_DIR = "data"
 _PROGRESS_EVERY_S = 1.0
 _LOCK_POLL_S = 0.2
@@ -161,7 +163,6 @@ def _ensure_version(
         building.mkdir(mode=0o700)
         try:
             _build(building, mount, connection, progress, what)
-            _make_read_only(building)
             building.replace(final)
         except BaseException:
             _remove_tree(building)
@@ -177,14 +178,7 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _make_read_only(root: Path) -> None:
-    """Directories become read-only (files were made read-only: _TreeWriter)."""
-    for directory, _, _ in os.walk(root, topdown=False):
-        os.chmod(directory, 0o555)
-
-
-@dataclass(frozen=True)
-class _File:
+class _File(NamedTuple):  # a tuple: 100,000 of them are made per manifest
     path: str
     size: int
     chunks: tuple[str, ...]
@@ -248,9 +242,19 @@ class _TreeWriter:
         target = f"{self.root}/{self.files[index].path}"
         parent = target.rsplit("/", 1)[0]
         if parent not in self._made:
-            os.makedirs(parent, mode=0o700, exist_ok=True)
-            self._made.add(parent)
+            self._make_directories(parent)
         return os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+
+    def _make_directories(self, directory: str) -> None:
+        """directory and every missing one above it, each made once and remembered (the
+        tree is fresh: nothing there is followed or reused)."""
+        missing = []
+        while directory not in self._made:
+            missing.append(directory)
+            directory = directory.rsplit("/", 1)[0]
+        for made in reversed(missing):
+            os.mkdir(made, 0o700)
+            self._made.add(made)
 
     def _advance_to(self, index: int) -> None:
         self.close()
@@ -273,6 +277,12 @@ class _TreeWriter:
     def finish(self) -> None:
         self._advance_to(len(self.files))
 
+    def make_read_only(self) -> None:
+        """The directories it made become read-only, deepest first (its files were made
+        read-only as they were created). Only its own: the tree is not walked again."""
+        for directory in sorted(self._made, key=len, reverse=True):
+            os.chmod(directory, 0o555)
+
     def close(self) -> None:
         if self.current is not None:
             os.close(self.current)
@@ -287,14 +297,17 @@ def _build(
     what: str,
 ) -> None:
     progress(f"fetching {what}: the file list")
-    files, keys = _manifest(connection, mount, what)
+    with _without_cyclic_gc():  # 100,000 entries and no cycles: see _without_cyclic_gc
+        files, keys = _manifest(connection, mount, what)
     total = sum(f.size for f in files)
     writer = _TreeWriter(target, files)
     done = 0
     started = last = time.monotonic()
     path = f"{API}/{mount.dataset_id}/versions/{mount.version}/chunks"
 
-    def fetch(batch: list[tuple[int, str, int]]) -> tuple[list[str], bytes]:
+    def fetch_and_open(batch: list[tuple[int, str, int]]) -> dict[str, bytes]:
+        """One request's chunks, decrypted and checked (on a worker thread: AES-GCM and
+        SHA-256 let go of the GIL, so this overlaps with the writing and the next fetch)."""
         wanted = list(dict.fromkeys(sha for _, sha, _ in batch))
         response = connection.call("POST", path, json={"chunks": wanted}, timeout=300)
         if response.status_code != 200:
@@ -302,18 +315,16 @@ def _build(
                 f"fetching {what}: the server answered HTTP {response.status_code}: "
                 f"{response.text[:300]}"
             )
-        return wanted, response.content
+        return _open_chunks(response.content, keys, mount.owner_id, wanted, what)
 
-    ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-fetch")
+    workers = ThreadPoolExecutor(max_workers=FETCH_AHEAD, thread_name_prefix="dataset-fetch")
     try:
         batches = list(_batches(files))
-        coming = ahead.submit(fetch, batches[0]) if batches else None
+        coming = deque(workers.submit(fetch_and_open, b) for b in batches[:FETCH_AHEAD])
         for number, batch in enumerate(batches):
-            assert coming is not None
-            wanted, body = coming.result()
-            if number + 1 < len(batches):  # the next request is on its way meanwhile
-                coming = ahead.submit(fetch, batches[number + 1])
-            plain = _open_chunks(body, keys, mount.owner_id, wanted, what)
+            plain = coming.popleft().result()
+            if number + FETCH_AHEAD < len(batches):  # keep FETCH_AHEAD requests on their way
+                coming.append(workers.submit(fetch_and_open, batches[number + FETCH_AHEAD]))
             for index, sha, length in batch:
                 data = plain[sha]
                 if len(data) != length:
@@ -327,8 +338,23 @@ def _build(
                 progress(f"fetching {what}: {done * 100 // max(total, 1)}% ({rate:.0f} MB/s)")
         writer.finish()
     finally:
-        ahead.shutdown(wait=True, cancel_futures=True)
+        workers.shutdown(wait=True, cancel_futures=True)
         writer.close()
+    writer.make_read_only()
+
+
+@contextlib.contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """The cyclic garbage collector off for a while: a manifest of 100,000 files makes
+    hundreds of thousands of objects and no cycles, and the collections they set off (each
+    going through every object the runner holds) cost more than parsing them."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _open_chunks(

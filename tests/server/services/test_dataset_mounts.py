@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import stat
 import threading
 from collections.abc import Callable
@@ -242,3 +243,51 @@ def test_instances_starting_together_fetch_a_version_once(
         ".locks",
         results[0][0]["imgs"].name,
     ]
+
+
+def test_a_version_fetched_in_many_requests_at_once_is_whole_and_read_only(
+    ann: Caller,
+    http: TestClient,
+    tick: Callable[[], None],
+    backend: FakeBackend,
+    pushed: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gpulease.runner.datasets.FETCH_CHUNKS", 7)  # about 18 requests
+    _, spec = _instance_with(ann, tick, backend, ["imgs"])
+    found, _ = _materialise(http, spec, tmp_path / "cache")
+    directory = found["imgs"]
+    assert tree_digests(directory) == pushed
+    folders = [Path(d) for d, _, _ in os.walk(directory)]
+    assert len(folders) > 3  # deep, deep/a and deep/a/b among them
+    assert all(stat.S_IMODE(d.stat().st_mode) == 0o555 for d in folders)
+
+
+def test_a_request_failing_among_several_in_flight_leaves_nothing_half_made(
+    ann: Caller,
+    http: TestClient,
+    tick: Callable[[], None],
+    backend: FakeBackend,
+    pushed: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gpulease.runner.datasets.FETCH_CHUNKS", 7)
+    _, spec = _instance_with(ann, tick, backend, ["imgs"])
+    spec = replace(spec, dataset_cache=tmp_path / "cache")
+    connection = runner_connection(http, spec.token)
+    real = connection.call
+    calls = []
+
+    def third_fails(method: str, path: str, **kwargs: object) -> object:
+        if path.endswith("/chunks"):
+            calls.append(path)
+            if len(calls) == 3:
+                kwargs["json"] = {"chunks": ["not a chunk"]}
+        return real(method, path, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(connection, "call", third_fails)
+    with pytest.raises(DatasetError, match="fetching dataset imgs v1: the server answered HTTP 4"):
+        materialise(spec, connection, lambda message: None)
+    assert list((tmp_path / "cache").iterdir()) == [tmp_path / "cache" / ".locks"]
