@@ -208,9 +208,10 @@ def test_a_prestarted_runner_takes_the_next_spec_as_a_cold_one_would(
         template=get_template("python"),
     )
     backend = LocalBackend()
-    backend.prestart()
+    backend.prestart(tmp_path / "runs")
     warm = backend._warm
     assert warm is not None
+    assert f"--warm {tmp_path}/runs/" in " ".join(warm.args)  # pgrep -f finds it
     handle = backend.start(spec)
     try:
         pid = json.loads(handle)["pid"]
@@ -229,9 +230,9 @@ def test_a_prestarted_runner_takes_the_next_spec_as_a_cold_one_would(
     assert wait_until(lambda: not backend.alive(handle))
 
 
-def test_a_waiting_runner_exits_when_its_pipe_closes() -> None:
+def test_a_waiting_runner_exits_when_its_pipe_closes(tmp_path: Path) -> None:
     backend = LocalBackend()
-    backend.prestart()
+    backend.prestart(tmp_path)
     warm = backend._warm
     assert warm is not None
     backend.stop_warm()

@@ -57,9 +57,9 @@ class LocalBackend:
     process that got the same pid.
 
     Once prestart() was called (the `gpulease server` process does), the backend keeps one
-    runner process started ahead of need
-    (`python -m gpulease.runner --warm`: Python up, the runner imported, reading its spec's
-    path from a pipe only this process holds) and gives the next instance that one: an
+    runner process started ahead of need (`python -m gpulease.runner --warm RUNNERS_DIR/`:
+    Python up, the runner imported, reading its spec's path from a pipe only this process
+    holds) and gives the next instance that one: an
     instance's runner then starts without the interpreter's start and the imports, most of
     its time before its first line. It is a runner like any other (same interpreter,
     environment, session of its own, log beside its spec), started before its spec exists;
@@ -73,6 +73,7 @@ class LocalBackend:
     def __init__(self, python: str | None = None) -> None:
         self._python = python or sys.executable
         self._keep_warm = False
+        self._runners_dir = Path("/")
         self._warm: subprocess.Popen[bytes] | None = None
         self._warm_lock = threading.Lock()
 
@@ -97,17 +98,21 @@ class LocalBackend:
         ).start()
         log.info("started runner %d for instance %d", process.pid, spec.instance_id)
         if self._keep_warm:
-            threading.Thread(target=self.prestart, name="warm-runner", daemon=True).start()
+            threading.Thread(
+                target=self.prestart, args=(self._runners_dir,), name="warm-runner", daemon=True
+            ).start()
         return _handle(process.pid, stat.start_time)
 
-    def prestart(self) -> None:
+    def prestart(self, runners_dir: Path) -> None:
         """Start the runner process the next launch takes, unless one waits already; from
-        now on another after each launch."""
+        now on another after each launch. Its argv names runners_dir (where every spec
+        is), as a cold runner's names its spec: `pgrep -f RUNNERS_DIR/` finds them all."""
         with self._warm_lock:
-            self._keep_warm = True
+            self._keep_warm, self._runners_dir = True, runners_dir
             if self._warm is not None and self._warm.poll() is None:
                 return
-            self._warm = self._spawn(["--warm"], subprocess.DEVNULL, Path("/"), stdin=True)
+            args = ["--warm", f"{runners_dir}/"]
+            self._warm = self._spawn(args, subprocess.DEVNULL, Path("/"), stdin=True)
 
     def stop_warm(self) -> None:
         """No runner kept waiting any more: the waiting one's pipe is closed, so it exits."""

@@ -110,7 +110,9 @@ def server(
     except OSError as exc:
         fail(f"cannot prepare the data directory {settings.home}: {exc}")
     if isinstance(rt.backend, LocalBackend):
-        rt.backend.prestart()  # the first instance's runner is ready before it is asked for
+        rt.backend.prestart(
+            settings.runners_path
+        )  # the first instance's runner is ready before it is asked for
     tls = prepare_tls(settings)  # made (when asked for) and checked by build_runtime
     out = console()
     out.print(f"[bold]gpulease server {__version__}[/bold]")

@@ -1,6 +1,6 @@
 """Entry point: `python -m gpulease.runner SPEC_FILE`, started by a backend; or
-`python -m gpulease.runner --warm`, started ahead of need by the local backend, which then
-writes the spec file's path to its stdin."""
+`python -m gpulease.runner --warm RUNNERS_DIR/`, started ahead of need by the local
+backend, which then writes the spec file's path to its stdin."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from gpulease.runner.agent import serve
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args == ["--warm"]:
-        return _warm()
+    if len(args) == 2 and args[0] == "--warm":
+        return _warm(Path(args[1]))
     if len(args) != 1:
         print("usage: python -m gpulease.runner SPEC_FILE", file=sys.stderr)
         return 2
@@ -31,16 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     return serve(spec)
 
 
-def _warm() -> int:
-    """Wait, imported, for the path of a spec on stdin (nothing: the server went away, exit
-    0), then run it as a cold start would: in the spec's directory, output to runner.log
-    beside it, stdin /dev/null."""
+def _warm(runners_dir: Path) -> int:
+    """Wait, imported, for the path of a spec in runners_dir on stdin (nothing: the server
+    went away, exit 0), then run it as a cold start would: in the spec's directory, output
+    to runner.log beside it, stdin /dev/null."""
     from gpulease.backends.local import LOG_FILE
 
     line = sys.stdin.buffer.readline().decode().strip()
     if not line:
         return 0
     spec_file = Path(line)
+    if spec_file.parent.parent != runners_dir:
+        print(f"{spec_file} is not a spec in {runners_dir}", file=sys.stderr)
+        return 2
     os.chdir(spec_file.parent)
     with open(spec_file.parent / LOG_FILE, "ab") as runner_log:
         os.dup2(runner_log.fileno(), 1)
