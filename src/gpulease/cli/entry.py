@@ -8,8 +8,8 @@ and `run [--gpu G] [--template T] [-e KEY=VALUE]... -- COMMAND...`; anything els
 (`--help`, another option, no `--`, a malformed --env, a task file) goes to the Typer app,
 which says what is wrong. It prints what the Typer command prints (the run's note on
 stderr, the job's bytes as they are, `error: ...` on refusals) and exits with the same code.
-A quick run makes its instance and its run, then the Typer app's `run` follows them
-(cli/runs.resume_run): it loads while the instance starts, which takes longer.
+A quick run makes its instance and its run and prints the run's output; the Typer app's
+`run` (cli/runs.resume_run) says how it ended, what it cost, and anything out of the way.
 """
 
 from __future__ import annotations
@@ -176,10 +176,11 @@ def _resume(ref: str, started_json: str, after: int) -> int:
 
 
 def quick_run(request: RunRequest) -> int | None:
-    """Make the run's instance and its run with two quick requests, then hand the rest to
-    the Typer app's `run` (cli/runs.resume_run): the SDK and Typer load while the instance
-    starts. Its exit code, or None when it left everything to the Typer app before sending
-    anything (no saved login, a proxy)."""
+    """Make the run's instance and its run with two quick requests, wait for the scheduler
+    to place it and print the run's output as it comes; the end (its exit code and last
+    line) and whatever this path does not do (a queued instance that waits, a broken
+    stream) are the Typer app's `run` (cli/runs.resume_run). Its exit code, or None when it
+    left everything to the Typer app before sending anything (no saved login, a proxy)."""
     from gpulease.client import quickexec
     from gpulease.client.config import resolve_login, trusted_certificate
     from gpulease.client.errors import ApiError, ClientError
