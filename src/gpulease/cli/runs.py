@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import sys
@@ -146,8 +147,12 @@ def exec_(
     gpulease exec my-box -- python train.py --epochs 3
     """
     body = RunCreate(command=command_text(command), env=parse_env(env))
-    with logged_in_client() as client:
-        events = client.runs.exec(ref, body, on_reconnect=_ReconnectNotice())
+    # The event generator is closed here, before its client: left to the garbage collector,
+    # its open answer would be closed on whatever thread collects it.
+    with (
+        logged_in_client() as client,
+        contextlib.closing(client.runs.exec(ref, body, on_reconnect=_ReconnectNotice())) as events,
+    ):
         first = next(events)  # a refusal raises here
         if not isinstance(first, ExecEvent):
             raise ClientError("the server's exec answer did not start with its run")
@@ -185,10 +190,11 @@ def resume_exec(ref: str, started_json: str, after: int) -> None:
     answer broke, or the run ended without an exit code)."""
     started = ExecStarted.model_validate_json(started_json)
     with logged_in_client() as client:
-        events = client.runs.stream(
+        stream = client.runs.stream(
             started.run.id, position(after), metrics=False, on_reconnect=_ReconnectNotice()
         )
-        code = follow_exec(client, ref, started, events)
+        with contextlib.closing(stream) as events:
+            code = follow_exec(client, ref, started, events)
     raise typer.Exit(code)
 
 

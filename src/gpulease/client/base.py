@@ -7,7 +7,7 @@ Every resource group (client/instances.py, client/runs.py, ...) talks through on
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any, TypedDict, TypeVar
 from urllib.parse import quote
 
@@ -229,7 +229,7 @@ class Transport:
         retry_delay: float,
         max_retry_delay: float,
         on_reconnect: ReconnectHook | None,
-    ) -> Iterator[E]:
+    ) -> Generator[E, None, None]:
         """GET an event stream and yield what `read` makes of its lines, until is_last.
 
         `read` yields None for a message it passes over (that still counts as the stream

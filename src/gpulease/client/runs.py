@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 
 from gpulease.client.base import (
     InstanceRef,
@@ -83,7 +83,7 @@ class RunsAPI(Resource):
         retry_delay: float = 0.2,
         max_retry_delay: float = 5.0,
         on_reconnect: ReconnectHook | None = None,
-    ) -> Iterator[RunStreamEvent]:
+    ) -> Generator[RunStreamEvent, None, None]:
         """Live events of a run until its EndEvent: LogEvent per output chunk, MetricEvent
         per batch of new metric points (only `keys` when given), StatusEvent per status
         change, then EndEvent. logs=False or metrics=False leaves that kind out.
@@ -124,7 +124,7 @@ class RunsAPI(Resource):
 
     def exec(
         self, ref: InstanceRef, body: RunCreate, *, on_reconnect: ReconnectHook | None = None
-    ) -> Iterator[ExecEvent | RunStreamEvent]:
+    ) -> Generator[ExecEvent | RunStreamEvent, None, None]:
         """Run `body.command` in the instance and follow it, in one request: first an
         ExecEvent (the run, and whether its instance was running), then the run's events
         as stream() gives them with metrics=False, until its EndEvent. A refusal raises
