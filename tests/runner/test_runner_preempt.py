@@ -61,11 +61,12 @@ def _agent(tmp_path: Path, *, sandbox: bool = False, run_dir: Path | None = None
 
 def _run_until_started(agent: Agent, tmp_path: Path, python: str = sys.executable) -> None:
     agent._start_run(RunnerRun(id=1, command=f"{python} job.py"))
+    started = tmp_path / "started.txt"
     deadline = time.monotonic() + 20
-    while not (tmp_path / "started.txt").exists():
+    while not (started.exists() and started.read_text()):  # created, then written
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.05)
-    assert (tmp_path / "started.txt").read_text() == "False"  # no notice before one is sent
+    assert started.read_text() == "False"  # no notice before one is sent
 
 
 def _exit_code(run: _Run) -> int | None:
