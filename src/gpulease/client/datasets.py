@@ -12,8 +12,6 @@ server holds as its current version already is settled by comparing two manifest
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 import json
 import os
@@ -55,6 +53,7 @@ from gpulease.storage.chunking import (
     file_chunks,
     pack,
     read_chunk,
+    without_cyclic_gc,
 )
 
 PART_FILES = 5000
@@ -89,22 +88,8 @@ def scan_directory(root: Path) -> list[LocalFile]:
     if not root.is_dir():
         raise DatasetError(f"{root} is not a directory")
     top = root.resolve()
-    with _without_cyclic_gc():
+    with without_cyclic_gc():
         return _scan(root, top)
-
-
-@contextlib.contextmanager
-def _without_cyclic_gc() -> Iterator[None]:
-    """The cyclic garbage collector off for a while: a scan makes two tuples a file and no
-    cycles, and the collections that 200,000 new tuples set off (each going through every
-    object the process holds) took longer than the scan's own work."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _scan(root: Path, top: Path) -> list[LocalFile]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
-import gc
 import hashlib
 import logging
 import os
@@ -35,7 +34,7 @@ from gpulease.core.datasets import check_dataset_name, path_problem, tree_confli
 from gpulease.core.errors import InvalidInput
 from gpulease.runner.connection import Connection
 from gpulease.schemas.runner import RUNNER_API, RunnerDatasetMount, RunnerDatasets, RunnerSpec
-from gpulease.storage.chunking import CHUNK_SIZE, PackError, unpack
+from gpulease.storage.chunking import CHUNK_SIZE, PackError, unpack, without_cyclic_gc
 from gpulease.storage.crypto import IntegrityError, open_sealed
 
 log = logging.getLogger(__name__)
@@ -297,7 +296,7 @@ def _build(
     what: str,
 ) -> None:
     progress(f"fetching {what}: the file list")
-    with _without_cyclic_gc():  # 100,000 entries and no cycles: see _without_cyclic_gc
+    with without_cyclic_gc():  # 100,000 entries and no cycles
         files, keys = _manifest(connection, mount, what)
     total = sum(f.size for f in files)
     writer = _TreeWriter(target, files)
@@ -341,20 +340,6 @@ def _build(
         workers.shutdown(wait=True, cancel_futures=True)
         writer.close()
     writer.make_read_only()
-
-
-@contextlib.contextmanager
-def _without_cyclic_gc() -> Iterator[None]:
-    """The cyclic garbage collector off for a while: a manifest of 100,000 files makes
-    hundreds of thousands of objects and no cycles, and the collections they set off (each
-    going through every object the runner holds) cost more than parsing them."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _open_chunks(

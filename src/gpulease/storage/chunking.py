@@ -8,6 +8,8 @@ plaintext, downloads to runners carry the stored (encrypted) bytes.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import struct
 from collections.abc import Iterable, Iterator
@@ -83,3 +85,18 @@ def unpack(body: bytes, *, max_records: int | None = None) -> Iterator[tuple[str
             raise PackError(f"chunk pack holds more than {max_records} chunks")
         yield digest.hex(), bytes(view[at : at + length])
         at += length
+
+
+@contextlib.contextmanager
+def without_cyclic_gc() -> Iterator[None]:
+    """The cyclic garbage collector off for a while, for the bulk work on a tree of 100,000
+    files (a push's scan, a runner's manifest): it makes hundreds of thousands of tuples
+    and no cycles, and the collections those set off, each going through every object the
+    process holds, took longer than the work itself. The collector's state is restored."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -245,18 +245,26 @@ def test_instances_starting_together_fetch_a_version_once(
     ]
 
 
-def test_a_version_fetched_in_many_requests_at_once_is_whole_and_read_only(
+@pytest.fixture
+def small_fetches(
     ann: Caller,
-    http: TestClient,
     tick: Callable[[], None],
     backend: FakeBackend,
     pushed: dict[str, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr("gpulease.runner.datasets.FETCH_CHUNKS", 7)  # about 18 requests
+) -> RunnerSpec:
+    """The spec of ann's instance mounting 'imgs', its runner fetching 7 chunks a request
+    (about 18 requests, two on their way at once)."""
+    monkeypatch.setattr("gpulease.runner.datasets.FETCH_CHUNKS", 7)
     _, spec = _instance_with(ann, tick, backend, ["imgs"])
-    found, _ = _materialise(http, spec, tmp_path / "cache")
+    return replace(spec, dataset_cache=tmp_path / "cache")
+
+
+def test_a_version_fetched_in_many_requests_at_once_is_whole_and_read_only(
+    http: TestClient, small_fetches: RunnerSpec, pushed: dict[str, str]
+) -> None:
+    found = materialise(small_fetches, runner_connection(http, small_fetches.token), lambda m: None)
     directory = found["imgs"]
     assert tree_digests(directory) == pushed
     folders = [Path(d) for d, _, _ in os.walk(directory)]
@@ -265,18 +273,9 @@ def test_a_version_fetched_in_many_requests_at_once_is_whole_and_read_only(
 
 
 def test_a_request_failing_among_several_in_flight_leaves_nothing_half_made(
-    ann: Caller,
-    http: TestClient,
-    tick: Callable[[], None],
-    backend: FakeBackend,
-    pushed: dict[str, str],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    http: TestClient, small_fetches: RunnerSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("gpulease.runner.datasets.FETCH_CHUNKS", 7)
-    _, spec = _instance_with(ann, tick, backend, ["imgs"])
-    spec = replace(spec, dataset_cache=tmp_path / "cache")
-    connection = runner_connection(http, spec.token)
+    connection = runner_connection(http, small_fetches.token)
     real = connection.call
     calls = []
 
@@ -289,5 +288,6 @@ def test_a_request_failing_among_several_in_flight_leaves_nothing_half_made(
 
     monkeypatch.setattr(connection, "call", third_fails)
     with pytest.raises(DatasetError, match="fetching dataset imgs v1: the server answered HTTP 4"):
-        materialise(spec, connection, lambda message: None)
-    assert list((tmp_path / "cache").iterdir()) == [tmp_path / "cache" / ".locks"]
+        materialise(small_fetches, connection, lambda message: None)
+    cache = small_fetches.dataset_cache
+    assert cache is not None and list(cache.iterdir()) == [cache / ".locks"]
