@@ -213,19 +213,24 @@ def resume_run(
     and saw its end event (the JSON) or not."""
     spec, _ = load_task(command, gpu=gpu, template=template, env=env, workdir=None, name=None)
     with logged_in_client() as client:
+        end: EndEvent | None = None
+        if run_id is not None and streamed is not None:
+            after, seen = streamed
+            try:
+                # The stream first: a stream that broke because the server is restarting is
+                # resumed once it is back, where a plain GET would fail at once.
+                if seen is None:
+                    end = stream_run(client, run_id, after)
+                else:
+                    end = EndEvent(str(seen["status"]), seen.get("exit_code"))
+            except KeyboardInterrupt:
+                instance = client.instances.get(instance_id)
+                raise typer.Exit(_interrupted(client, instance).code) from None
         instance = client.instances.get(instance_id)
         run = client.runs.get(run_id) if run_id is not None else None
         # no retries: the quick path takes no --retry and a command's task has none
-        if run is None or streamed is None:
+        if run is None or end is None:
             raise typer.Exit(follow_task(client, spec, instance, None, run).code)
-        after, seen = streamed
-        try:
-            if seen is None:
-                end = stream_run(client, run.id, after)
-            else:
-                end = EndEvent(str(seen["status"]), seen.get("exit_code"))
-        except KeyboardInterrupt:
-            raise typer.Exit(_interrupted(client, instance).code) from None
         raise typer.Exit(finish_task(client, instance, run, end).code)
 
 
