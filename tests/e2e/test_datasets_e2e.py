@@ -83,7 +83,9 @@ def test_kill_the_cli_halfway_then_push_again(
     platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _register(platform)
-    files = random_tree(tmp_path / "imgs", 120, 500_000)
+    # 180 MB: several times what the client keeps in flight (two threads, two 16 MB packs
+    # each), so a kill at the first 4 MB the server has leaves packs never sent
+    files = random_tree(tmp_path / "imgs", 360, 500_000)
     total = sum(len(d) for d in files.values())
     monkeypatch.setenv("GPULEASE_CONFIG", str(platform.config))
     client = GpuleaseClient.from_saved_login()
@@ -117,7 +119,7 @@ def test_kill_the_cli_halfway_then_push_again(
     assert first["state"] == "abandoned"
     assert first["bytes_received"] + second["sent_bytes"] == total  # nothing sent twice
     assert 0 < second["sent_bytes"] < total
-    assert detail["dataset"]["file_count"] == 120 and detail["dataset"]["size_bytes"] == total
+    assert detail["dataset"]["file_count"] == 360 and detail["dataset"]["size_bytes"] == total
     client.close()
 
 
