@@ -88,39 +88,39 @@ def test_kill_the_cli_halfway_then_push_again(
     files = random_tree(tmp_path / "imgs", 360, 500_000)
     total = sum(len(d) for d in files.values())
     monkeypatch.setenv("GPULEASE_CONFIG", str(platform.config))
-    client = GpuleaseClient.from_saved_login()
-    cli = platform.popen_cli(
-        "dataset", "push", str(tmp_path / "imgs"), "--name", "imgs", stderr_path=tmp_path / "e"
-    )
-    received = 0
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and cli.poll() is None:
-        try:
-            received = client.datasets.get_push("imgs", 1).bytes_received
-        except Exception:
-            received = 0
-        if received >= 4_000_000:
-            cli.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.02)
-    cli.wait(30)
-    assert cli.stdout is not None
-    cli.stdout.close()
-    assert cli.returncode == -signal.SIGKILL, "the push ended before it could be interrupted"
-    assert platform.cli("dataset", "ls", "-o", "json").stdout.count('"name"') == 0
+    # closed on a failure too: a socket left to the collector fails whichever test it dies in
+    with GpuleaseClient.from_saved_login() as client:
+        cli = platform.popen_cli(
+            "dataset", "push", str(tmp_path / "imgs"), "--name", "imgs", stderr_path=tmp_path / "e"
+        )
+        received = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and cli.poll() is None:
+            try:
+                received = client.datasets.get_push("imgs", 1).bytes_received
+            except Exception:
+                received = 0
+            if received >= 4_000_000:
+                cli.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        cli.wait(30)
+        assert cli.stdout is not None
+        cli.stdout.close()
+        assert cli.returncode == -signal.SIGKILL, "the push ended before it could be interrupted"
+        assert platform.cli("dataset", "ls", "-o", "json").stdout.count('"name"') == 0
 
-    second: Any = json.loads(
-        platform.cli(
-            "dataset", "push", str(tmp_path / "imgs"), "--name", "imgs", "-o", "json"
-        ).stdout
-    )
-    detail: Any = platform.cli_json("dataset", "show", "imgs")
-    first = next(p for p in detail["pushes"] if p["id"] == 1)
-    assert first["state"] == "abandoned"
-    assert first["bytes_received"] + second["sent_bytes"] == total  # nothing sent twice
-    assert 0 < second["sent_bytes"] < total
-    assert detail["dataset"]["file_count"] == 360 and detail["dataset"]["size_bytes"] == total
-    client.close()
+        second: Any = json.loads(
+            platform.cli(
+                "dataset", "push", str(tmp_path / "imgs"), "--name", "imgs", "-o", "json"
+            ).stdout
+        )
+        detail: Any = platform.cli_json("dataset", "show", "imgs")
+        first = next(p for p in detail["pushes"] if p["id"] == 1)
+        assert first["state"] == "abandoned"
+        assert first["bytes_received"] + second["sent_bytes"] == total  # nothing sent twice
+        assert 0 < second["sent_bytes"] < total
+        assert detail["dataset"]["file_count"] == 360 and detail["dataset"]["size_bytes"] == total
 
 
 def test_rotate_master_key_on_the_server_host(platform: Platform, tmp_path: Path) -> None:
