@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from gpulease.core.errors import InvalidInput
+
 CHUNK_SIZE = 4 * 1024 * 1024
 _HEADER = struct.Struct(">32sI")
 HEADER_SIZE = _HEADER.size
@@ -85,6 +87,18 @@ def unpack(body: bytes, *, max_records: int | None = None) -> Iterator[tuple[str
             raise PackError(f"chunk pack holds more than {max_records} chunks")
         yield digest.hex(), bytes(view[at : at + length])
         at += length
+
+
+def unpack_checked(
+    body: bytes, *, max_records: int | None, why: str
+) -> Iterator[tuple[str, bytes]]:
+    """unpack(), each record's data checked against its SHA-256; a mismatch is InvalidInput
+    "chunk SHA arrived with bytes that hash to ACTUAL: WHY"."""
+    for sha, data in unpack(body, max_records=max_records):
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != sha:
+            raise InvalidInput(f"chunk {sha} arrived with bytes that hash to {actual}: {why}")
+        yield sha, data
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ between them, never inside one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -41,7 +40,7 @@ from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Instance, StorageKey, WorkspaceChunk
 from gpulease.server.services.datasets.keys import ensure_key
 from gpulease.server.services.datasets.vault import Vault
-from gpulease.storage.chunking import CHUNK_SIZE, pack, unpack
+from gpulease.storage.chunking import CHUNK_SIZE, pack, unpack_checked
 from gpulease.storage.crypto import IntegrityError, open_sealed, seal
 
 FORMAT = 1
@@ -198,13 +197,8 @@ def store_chunks(
     seal the ones the store lacks with the workspace key and keep them as one pack blob.
     Returns how many were new."""
     records: dict[str, bytes] = {}
-    for sha, data in unpack(body, max_records=MAX_PACK_CHUNKS):
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != sha:
-            raise InvalidInput(
-                f"chunk {sha} arrived with bytes that hash to {actual}: corrupted on the way, "
-                "or its file changed while it was read"
-            )
+    why = "corrupted on the way, or its file changed while it was read"
+    for sha, data in unpack_checked(body, max_records=MAX_PACK_CHUNKS, why=why):
         if len(data) > CHUNK_SIZE:
             raise InvalidInput(f"chunk {sha} has {len(data)} bytes, more than a chunk")
         records[sha] = data

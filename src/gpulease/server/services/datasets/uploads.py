@@ -9,7 +9,6 @@ them, never inside one.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
@@ -42,7 +41,7 @@ from gpulease.server.services.datasets.keys import (
     user_key,
 )
 from gpulease.server.services.datasets.vault import Manifest, ManifestFile, Vault, chunk_aad
-from gpulease.storage.chunking import CHUNK_SIZE, unpack
+from gpulease.storage.chunking import CHUNK_SIZE, unpack_checked
 from gpulease.storage.crypto import KeyWrapper, new_key, seal_pieces
 
 OPEN = "open"
@@ -333,13 +332,8 @@ def store_chunks(
     announced by a file list of the push."""
     records: dict[str, bytes] = {}
     count = size = 0
-    for sha, data in unpack(body, max_records=MAX_PACK_CHUNKS):
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != sha:
-            raise InvalidInput(
-                f"chunk {sha} arrived with bytes that hash to {actual}: it was corrupted on "
-                "the way, or its file changed during the push; push again"
-            )
+    why = "it was corrupted on the way, or its file changed during the push; push again"
+    for sha, data in unpack_checked(body, max_records=MAX_PACK_CHUNKS, why=why):
         records[sha] = data
         count += 1
         size += len(data)
