@@ -221,6 +221,8 @@ class Instance(Base):
     workspace_snapshot: Mapped[str | None] = mapped_column(String(255))
     workspace_snapshot_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     workspace_snapshot_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # set by a stopping runner whose jobs ended and that is saving its workspace
+    workspace_saving_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     workdir_upload: Mapped[str | None] = mapped_column(String(500))
     # Created by `gpulease run`, whose workdir upload follows: not placed until it lands.
     awaiting_workdir: Mapped[bool] = mapped_column(Boolean, default=False)
