@@ -260,6 +260,9 @@ class Instance(Base):
     gang_id: Mapped[int | None] = mapped_column(Integer, index=True)
     gang_rank: Mapped[int | None] = mapped_column(Integer)
     gang_size: Mapped[int | None] = mapped_column(Integer)
+    # Its address on the job fabric (GPULEASE_FABRIC_CIDR), given when its gang is placed;
+    # held until no rank of its gang is live any more. None: no fabric.
+    fabric_address: Mapped[str | None] = mapped_column(String(64), index=True, unique=True)
     # A trial of a sweep (services/sweeps.py); None: not one.
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), index=True)
     queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
