@@ -589,7 +589,9 @@ class MetricPoint(Base):
     __tablename__ = "metric_points"
     __table_args__ = (UniqueConstraint("run_id", "key", "step", "source"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    # A run's id without a foreign key (a per-point lookup of the run): the ingest checks
+    # the run once per batch, and a trigger deletes a run's points with it (migration 0018).
+    run_id: Mapped[int] = mapped_column(Integer)
     key: Mapped[str] = mapped_column(String(64))
     step: Mapped[int] = mapped_column(BigInteger)
     value: Mapped[float] = mapped_column(Double)

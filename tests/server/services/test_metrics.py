@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from factories import Caller, RunnerDouble, make_running_instance
 from gpulease.server.db import transaction
@@ -113,6 +113,40 @@ def test_bad_points_are_refused_with_what_to_do(
         == 401
     )
     assert instance_id != other
+
+
+def test_points_go_only_to_a_run_of_the_token_and_leave_with_their_run(
+    ann: Caller,
+    tick: Callable[[], None],
+    runner_for: Callable[[int], RunnerDouble],
+    rt: Runtime,
+) -> None:
+    """Without a foreign key on the points, the ingest checks the run itself: an unknown
+    token or a run that is not there stores nothing; a batch of known and new points stores
+    the new ones; deleting a run deletes its points (a trigger), not another run's."""
+    instance_id, run_id, runner = _running_run(ann, tick, runner_for)
+    other = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "y"}).json()["id"]
+    _send(runner, run_id, [_point("loss", s, 1.0) for s in range(3)])
+    _send(runner, other, [_point("loss", 0, 5.0)])
+    stranger = RunnerDouble(runner.http, "not-a-runner-token")
+    r = stranger.call("POST", f"/runs/{run_id}/metrics", json={"points": [_point("loss", 9, 1)]})
+    assert r.status_code == 401 and "unknown runner token" in r.json()["detail"], r.text
+    r = runner.call("POST", "/runs/987654/metrics", json={"points": [_point("loss", 9, 1)]})
+    assert r.status_code == 404 and "does not belong" in r.json()["detail"], r.text
+    _send(runner, run_id, [_point("loss", s, 2.0) for s in range(1, 6)])  # 1, 2 are known
+    with transaction(rt.sessions) as session:
+        stored = session.execute(
+            select(MetricPoint.run_id, MetricPoint.step, MetricPoint.value).order_by(
+                MetricPoint.run_id, MetricPoint.step
+            )
+        ).all()
+    mine = [(run_id, s, 1.0) for s in range(3)] + [(run_id, s, 2.0) for s in range(3, 6)]
+    assert [tuple(row) for row in stored] == sorted(mine + [(other, 0, 5.0)])
+    with transaction(rt.sessions) as session:
+        session.execute(delete(Run).where(Run.id == run_id))
+    with transaction(rt.sessions) as session:
+        left = session.execute(select(MetricPoint.run_id, MetricPoint.step)).all()
+    assert [tuple(row) for row in left] == [(other, 0)]
 
 
 def test_a_batch_is_stored_as_sent_to_the_microsecond(

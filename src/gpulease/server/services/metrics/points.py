@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, NotRequired, cast
 
 from pydantic import Field, TypeAdapter, ValidationError
 from sqlalchemy import func, select, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
@@ -26,6 +27,7 @@ from gpulease.schemas.runner import RunnerMetrics
 from gpulease.schemas.runs import RunPublic
 from gpulease.server.db import transaction
 from gpulease.server.orm import MetricPoint, Run
+from gpulease.server.security import hash_token
 from gpulease.server.services import runners
 from gpulease.server.services.metrics.downsample import min_max_indices
 
@@ -42,15 +44,31 @@ _EARLIEST, _LATEST = 946_684_800.0, 4_102_444_800.0  # 2000-01-01 .. 2100-01-01
 # become timestamps exactly as datetime.fromtimestamp rounds them: the whole seconds plus the
 # fraction's microseconds, rounded half to even (PostgreSQL's round of a double is C's rint).
 # On a conflict the first point of the statement is kept: rows go in in the array's order.
-_PG_INSERT = text(
+# The statement checks the run itself and locks it FOR KEY SHARE (what the foreign key did
+# for each point, once), so the run cannot be deleted before the points commit; with the
+# runner's token, it also checks that the run is one of the token's instance's.
+_PG_INSERT = (
+    "WITH run AS (SELECT runs.id FROM runs {join}WHERE runs.id = :run_id "
+    "FOR KEY SHARE OF runs) "
     "INSERT INTO metric_points (run_id, key, step, value, time, source) "
-    "SELECT :run_id, p.key, p.step, p.value, "
+    "SELECT run.id, p.key, p.step, p.value, "
     "to_timestamp(trunc(p.time)) "
     "+ round((p.time - trunc(p.time)) * 1e6) * interval '1 microsecond', "
-    "coalesce(p.source, 'sdk') FROM jsonb_to_recordset(CAST(:points AS jsonb)) AS p(key varchar, "
-    "step bigint, value double precision, time double precision, source varchar) "
-    "ON CONFLICT (run_id, key, step, source) DO NOTHING"
+    "coalesce(p.source, 'sdk') FROM run, json_to_recordset(CAST(:points AS json)) AS p(key "
+    "varchar, step bigint, value double precision, time double precision, source varchar)"
 )
+_PG_TOKEN_JOIN = (
+    "JOIN instances ON instances.id = runs.instance_id "
+    "AND instances.runner_token_hash = :token_hash "
+)
+_PG_SKIP_KNOWN = " ON CONFLICT (run_id, key, step, source) DO NOTHING"
+# Points of a run, insert-or-ignore (of a batch's repeats the first is kept).
+_PG_STORE = text(_PG_INSERT.format(join="") + _PG_SKIP_KNOWN)
+# A runner's batch of new points: a plain INSERT, which costs PostgreSQL less per point than
+# ON CONFLICT's speculative insertion, and fails on a point the run already has (a resent
+# batch), which then goes through _PG_STORE.
+_PG_STORE_NEW = text(_PG_INSERT.format(join=_PG_TOKEN_JOIN))
+UNIQUE_VIOLATION = "23505"
 _SQLITE_INSERT = (
     "INSERT INTO metric_points (run_id, key, step, value, time, source) "
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, key, step, source) DO NOTHING"
@@ -168,11 +186,8 @@ def store_points(session: Session, run: Run, points: list[WirePoint]) -> int:
     first is kept."""
     if not points:
         return 0
-    if session.get_bind().dialect.name == "postgresql":
-        result = session.execute(
-            _PG_INSERT, {"run_id": run.id, "points": _POINTS.dump_json(points).decode()}
-        )
-        return max(int(getattr(result, "rowcount", 0)), 0)
+    if _postgres(session):
+        return _rowcount(session.execute(_PG_STORE, {"run_id": run.id, "points": _json(points)}))
     # SQLite: the driver's executemany of plain tuples, times as UTCDateTime writes them
     # (naive UTC, "YYYY-MM-DD HH:MM:SS.ffffff"), without SQLAlchemy's per-row processing
     stamps = {t: _sqlite_time(t) for t in {p["time"] for p in points}}
@@ -181,8 +196,7 @@ def store_points(session: Session, run: Run, points: list[WirePoint]) -> int:
         (run_id, p["key"], p["step"], p["value"], stamps[p["time"]], p.get("source", "sdk"))
         for p in points
     ]
-    result = session.connection().exec_driver_sql(_SQLITE_INSERT, rows)
-    return max(int(getattr(result, "rowcount", 0)), 0)
+    return _rowcount(session.connection().exec_driver_sql(_SQLITE_INSERT, rows))
 
 
 def store_run_points(
@@ -195,10 +209,38 @@ def store_run_points(
     the points in one transaction whose commit does not wait for the disk
     (Runtime.unsynced_sessions; the flush cost more than the points themselves, and a crash
     of the machine may lose the last second of a curve, never money). Returns how many
-    points were new; 401 for an unknown token, 404 for a run of another instance."""
+    points were new; 401 for an unknown token, 404 for a run of another instance.
+
+    On PostgreSQL a batch of new points is one statement (_PG_STORE_NEW: the token, the run
+    and the insert). When it stores nothing (an unknown token, another instance's run) or
+    meets a point the run already has, the batch goes the general way, which says why or
+    skips the known points."""
+    if points and _postgres(unsynced_sessions):
+        params = {"run_id": run_id, "points": _json(points), "token_hash": hash_token(runner_token)}
+        try:
+            with transaction(unsynced_sessions) as session:
+                stored = _rowcount(session.execute(_PG_STORE_NEW, params))
+            if stored:
+                return stored
+        except IntegrityError as exc:
+            if getattr(exc.orig, "sqlstate", None) != UNIQUE_VIOLATION:
+                raise
     with transaction(unsynced_sessions) as session:
         instance = runners.instance_for_token(session, runner_token)
         return store_points(session, runners.run_of(session, instance, run_id), points)
+
+
+def _postgres(bind: Session | sessionmaker[Session]) -> bool:
+    engine = bind.get_bind() if isinstance(bind, Session) else bind.kw["bind"]
+    return bool(engine.dialect.name == "postgresql")
+
+
+def _rowcount(result: object) -> int:
+    return max(int(getattr(result, "rowcount", 0)), 0)
+
+
+def _json(points: list[WirePoint]) -> str:
+    return _POINTS.dump_json(points).decode()
 
 
 def _sqlite_time(unix: float) -> str:
