@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 
@@ -157,3 +157,29 @@ def test_running_instances_are_charged_in_steps_and_to_the_second_at_stop(
         assert metering.charge_open_segments(session, min_step_s=30) != set()
         seg = metering.open_segment_of(session, instance_id)
         assert seg is not None and seg.billed_seconds in (35, 36)
+
+
+def test_the_bulk_tick_prices_offpeak_windows_as_a_single_charge_does(
+    ann: Caller,
+    admin: Caller,
+    rt: Runtime,
+    tick: Callable[[], None],
+    runner_for: Callable[[int], RunnerDouble],
+) -> None:
+    window = {"weekdays": "all", "start": "01:30", "end": "07:00", "discount": "40"}
+    assert admin.post("/api/v1/admin/offpeak", json=window).status_code == 201
+    instance_id, _ = make_running_instance(ann, tick, runner_for, gpu="A100-80GB:1")
+    start = datetime(2026, 3, 7, 22, 0, 5, tzinfo=UTC)  # a Saturday night: two windows ahead
+    seconds = 30 * 3600 + 17
+    with transaction(rt.sessions) as session:
+        seg = metering.open_segment_of(session, instance_id)
+        assert seg is not None and seg.offpeak["windows"]  # the window is in its snapshot
+        seg.started_at = start
+    with transaction(rt.sessions) as session:
+        assert metering.charge_open_segments(session, start + timedelta(seconds=seconds + 0.6))
+    with transaction(rt.sessions) as session:
+        seg = metering.open_segment_of(session, instance_id)
+        assert seg is not None and seg.billed_seconds == seconds
+        due = metering.segment_price(seg, seconds)
+        assert seg.charged_micro == due < cost_for_seconds(900_000, seconds)
+        assert ledger.balance(session, seg.owner_id) == 10_000_000 - due

@@ -16,7 +16,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import String, bindparam, select, text, type_coerce, update
+from sqlalchemy import String, Text, bindparam, cast, select, text, type_coerce, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -185,7 +185,8 @@ def charge_open_segments(
     """
     now = (now or utcnow()).astimezone(UTC)
     naive_now = now.replace(tzinfo=None)
-    # Core rows, not ORM objects; started_at and offpeak raw (strings on SQLite), decoded here
+    # Core rows, not ORM objects; the offpeak snapshot as its JSON text (decoded once per
+    # distinct value here, not once per row by the driver), started_at raw (text on SQLite)
     open_segments = (
         session.connection()
         .execute(
@@ -194,7 +195,7 @@ def charge_open_segments(
                 UsageSegment.owner_id,
                 UsageSegment.team_id,
                 UsageSegment.hourly_micro,
-                type_coerce(UsageSegment.offpeak, String()),
+                cast(UsageSegment.offpeak, Text()),
                 type_coerce(UsageSegment.started_at, String()),
                 UsageSegment.billed_seconds,
                 UsageSegment.charged_micro,
@@ -205,7 +206,7 @@ def charge_open_segments(
         )
         .all()
     )
-    windows_of: dict[str, list[OffPeakWindow]] = {}
+    windows_of: dict[str | None, list[OffPeakWindow]] = {}
     bills: list[tuple[int, int, int, int, int, int | None]] = []
     for seg_id, owner_id, team_id, hourly, snapshot, started, billed, charged in open_segments:
         if isinstance(started, str):  # SQLite: naive UTC text
@@ -215,10 +216,10 @@ def charge_open_segments(
         seconds = math.floor(elapsed)
         if seconds <= billed or elapsed - billed < min_step_s:
             continue
-        raw = snapshot if isinstance(snapshot, str) else json.dumps(snapshot)
-        windows = windows_of.get(raw)
+        windows = windows_of.get(snapshot)
         if windows is None:
-            windows = windows_of[raw] = offpeak.from_snapshot(json.loads(raw) or {})
+            decoded = json.loads(snapshot) if snapshot else None
+            windows = windows_of[snapshot] = offpeak.from_snapshot(decoded or {})
         if windows:
             due = price_seconds(_aware(started), seconds, hourly, windows)
         else:
@@ -230,7 +231,12 @@ def charge_open_segments(
     revenue = ledger.account_id(session, ledger.REVENUE)
     if session.get_bind().dialect.name == "postgresql":
         columns = zip(*[(*b[:4], wallets[(b[4], b[5])]) for b in bills], strict=True)
-        arrays = {name: list(values) for name, values in zip(_BILL_COLUMNS, columns, strict=True)}
+        # each column as one array literal: the driver's per-element array dumping costs more
+        # than the statement's parse of it
+        arrays = {
+            name: "{" + ",".join(map(str, values)) + "}"
+            for name, values in zip(_BILL_COLUMNS, columns, strict=True)
+        }
         session.execute(_PG_TICK, {**arrays, "now": now, "revenue": revenue})
     else:
         _sqlite_tick(session, bills, wallets, now, revenue)
@@ -259,9 +265,12 @@ _MEMO = (
 # PostgreSQL: one statement over the bills as arrays. Each charged bill draws its
 # transaction's id from the table's sequence up front, so that its two legs need no lookup
 # of the rows just written; the segments' UPDATE reads the same snapshot as the inserts.
+# The sequence is found once (a scalar subquery runs once per statement; in the call's
+# argument the catalog lookup ran for every row).
 _PG_TICK = text(
     "WITH b AS MATERIALIZED (SELECT u.*, CASE WHEN u.amount > 0 THEN "
-    "nextval(pg_get_serial_sequence('ledger_transactions', 'id')) END AS tid "
+    "nextval((SELECT CAST(pg_get_serial_sequence('ledger_transactions', 'id') AS regclass))) "
+    "END AS tid "
     "FROM unnest(CAST(:id AS bigint[]), CAST(:seconds AS bigint[]), CAST(:due AS bigint[]), "
     "CAST(:amount AS bigint[]), CAST(:wallet AS bigint[])) AS u({columns})), "
     "t AS (INSERT INTO ledger_transactions "
