@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import text
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
+from gpulease.server import db
 from gpulease.server.db import make_engine, make_sessionmaker, transaction, unsynced
 
 
@@ -22,3 +25,39 @@ def test_an_unsynced_transaction_leaves_its_connection_synced_again(database_url
         assert engine.pool.checkedin() == 1  # one connection did all four
     finally:
         engine.dispose()
+
+
+def test_a_connection_dropped_while_idle_is_replaced_and_a_warm_one_is_not_pinged(
+    pg_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: a pooled connection that sat idle longer than PING_IF_IDLE_S is pinged at
+    checkout and replaced when its server end is gone, so the transaction does not fail; one
+    back in use sooner is not pinged (no round trip on the hot path): when its server end
+    was dropped meanwhile, that one transaction fails and the pool then starts afresh."""
+    engine = make_engine(pg_database)
+    admin = create_engine(pg_database, isolation_level="AUTOCOMMIT")
+    sessions = make_sessionmaker(engine)
+
+    def backend() -> int:
+        with transaction(sessions) as session:
+            return int(session.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+    def drop(pid: int) -> None:
+        with admin.connect() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+
+    try:
+        first = backend()
+        assert backend() == first  # the warm connection again
+        drop(first)
+        monkeypatch.setattr(db, "PING_IF_IDLE_S", 0.0)  # every connection counts as idle
+        second = backend()
+        assert second != first
+        monkeypatch.setattr(db, "PING_IF_IDLE_S", 3600.0)  # none does
+        drop(second)
+        with pytest.raises(OperationalError):
+            backend()
+        assert backend() not in (first, second)
+    finally:
+        engine.dispose()
+        admin.dispose()

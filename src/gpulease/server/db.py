@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -12,6 +13,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -63,7 +65,29 @@ def make_engine(url: str) -> Engine:
                 dbapi_conn.execute("PRAGMA synchronous=FULL")
 
         return engine
-    engine = create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    # The most recently returned connection goes out first (LIFO), so that a busy server
+    # keeps reusing warm connections and only one that sat idle is pinged (see below).
+    engine = create_engine(url, pool_size=10, max_overflow=20, pool_use_lifo=True)
+
+    @event.listens_for(engine, "checkin")
+    def _idle_from(_dbapi_conn: Any, record: Any) -> None:
+        record.info[IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping_if_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        # A connection back in use within PING_IF_IDLE_S goes out without the round trip a
+        # ping costs (pool_pre_ping pinged every checkout: one of a request's few round
+        # trips). One idle for longer is pinged, and a dead one replaced: the pool tries
+        # another connection on DisconnectionError. A database restarted within that
+        # window fails the request that meets a dropped connection, and the pool then
+        # drops every connection older than that error.
+        since = record.info.get(IDLE_SINCE)
+        if since is None or time.monotonic() - since <= PING_IF_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            raise DisconnectionError(f"a pooled connection is gone: {exc}") from exc
 
     @event.listens_for(engine, "begin")
     def _postgres_begin(conn: Any) -> None:
@@ -75,6 +99,10 @@ def make_engine(url: str) -> Engine:
 
 # An execution option: see unsynced().
 UNSYNCED = "gpulease_unsynced"
+# A pooled PostgreSQL connection's monotonic time of return to the pool, and how long it
+# may sit there before its next checkout pings it first.
+IDLE_SINCE = "gpulease_idle_since"
+PING_IF_IDLE_S = 2.0
 
 
 def unsynced(engine: Engine) -> Engine:
