@@ -108,6 +108,7 @@ class Agent:
         # Set when the stop is a preemption: the jobs get the notice and this long after it.
         self._preempt_grace: float | None = None
         self._lock = threading.Lock()
+        self._save_lock = threading.Lock()  # one workspace save at a time (workspace_sync)
         self._accepting = True
         self._runs: dict[int, _Run] = {}
         self._env_dir = Path()  # the template's shared venv, read-only in the sandbox
@@ -184,6 +185,8 @@ class Agent:
         self._open_streams()
         for target in (self._heartbeats, self._poll_commands):
             threading.Thread(target=self._forever, args=(target,), daemon=True).start()
+        if self.spec.workspace_save and self.spec.workspace_save_interval_s > 0:
+            threading.Thread(target=self._forever, args=(self._save_often,), daemon=True).start()
         threading.Thread(
             target=sample_gpus,
             args=(
@@ -322,6 +325,18 @@ class Agent:
                 if action is not None and action.action == "stop":
                     self._stop_asked(action.preempt_grace_s)
             self._finished.wait(self.spec.heartbeat_interval_s)
+
+    def _save_often(self) -> None:
+        """While the instance runs, save its workspace every workspace_save_interval_s at
+        the lowest priority (only what changed: workspace_sync's index), so that a node
+        that dies leaves a recent copy; a stop cuts the save short and saves the rest."""
+        workspace_sync.lower_priority()  # this thread only
+        while not self._stopping.wait(self.spec.workspace_save_interval_s):
+            with self._save_lock:
+                try:
+                    workspace_sync.save(self.spec, self.connection, abort=self._stopping)
+                except (WorkspaceSyncError, OSError, Unreachable, ServerGone, Aborted) as exc:
+                    log.warning("the workspace's periodic save did not finish: %s", exc)
 
     def _running_ids(self) -> list[int]:
         with self._lock:
@@ -539,7 +554,10 @@ class Agent:
                 # logs and exits wait for the server, but not forever once we are stopping
                 run.reporter.join(max(0.0, deadline - time.monotonic()))
         try:  # a fleet node's workspace goes to the server, in case it starts elsewhere next
-            workspace_sync.save(self.spec, self.connection)
+            if self.spec.workspace_save:
+                workspace_sync.saving(self.connection)  # billing ends; no grace cuts it
+            with self._save_lock:  # a periodic save stops at its next pack
+                workspace_sync.save(self.spec, self.connection)
         except (WorkspaceSyncError, OSError, Unreachable, ServerGone, Aborted) as exc:
             log.error("the workspace was not saved to the server: %s", exc)
         return self._stopped()

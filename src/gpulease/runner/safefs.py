@@ -263,14 +263,19 @@ class Entry:
     stat: os.stat_result
 
 
-def walk(root: Path | int, relative: str | PurePosixPath | Path = "") -> Iterator[Entry]:
+def walk(
+    root: Path | int, relative: str | PurePosixPath | Path = "", *, dirs: list[str] | None = None
+) -> Iterator[Entry]:
     """Every regular file beneath root/relative, never descending through a link (a
     directory swapped for a link while walking is skipped: os.fwalk compares what it
-    opened with what it listed). Links, FIFOs and other special files are not yielded."""
+    opened with what it listed). Links, FIFOs and other special files are not yielded.
+    With dirs, the relative path of every directory walked into ('.' first) is appended."""
     top = open_dir(root, relative)
     try:
         for directory, _dirs, files, dir_fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
             base = PurePosixPath(directory)
+            if dirs is not None:
+                dirs.append(directory)
             for name in sorted(files):
                 try:
                     info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)

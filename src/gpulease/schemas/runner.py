@@ -73,6 +73,9 @@ class RunnerSpec:
     # instance ran last on another node).
     workspace_save: bool = False
     workspace_restore: bool = False
+    # With workspace_save: also save it every this many seconds while running (0: only at
+    # stop), so that an instance whose node dies starts elsewhere from a recent copy.
+    workspace_save_interval_s: float = 0.0
 
     def to_json(self) -> str:
         return _SPEC.dump_json(self).decode()
@@ -214,9 +217,11 @@ class RunnerWorkspaceFile(BaseModel):
 
 
 class RunnerWorkspaceSnapshot(BaseModel):
-    """PUT /workspace/snapshot (and its GET): every regular file of the workspace."""
+    """PUT /workspace/snapshot (and its GET): every regular file of the workspace, and its
+    empty directories (those holding no file or directory listed)."""
 
     files: list[RunnerWorkspaceFile]
+    dirs: list[str] = Field(default_factory=list, max_length=200_000)
 
 
 class RunnerMetricPoint(BaseModel):

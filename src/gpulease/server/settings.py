@@ -51,6 +51,13 @@ class Settings(BaseSettings):
     # A runner silent for this long whose process is gone marks its instance failed.
     heartbeat_timeout_s: float = 15.0
     stop_grace_s: float = 20.0
+    # On a fleet backend (Ray): a running instance's workspace is saved to the server this
+    # often (only what changed, at low priority; 0: only at stop), so that an instance
+    # whose node dies starts elsewhere from that copy (docs/ray.md).
+    workspace_save_interval_s: float = Field(default=600.0, ge=0)
+    # A stopping runner saving its workspace (billing already ended) is killed only after
+    # this long, measured from when its jobs ended, in place of stop_grace_s.
+    workspace_save_max_s: float = Field(default=3600.0, gt=0)
     # A preempted spot instance's job gets this long after SIGTERM to checkpoint
     # (runner/preempt.py) before it is killed and its GPUs go to the request that needs them.
     preempt_grace_s: float = Field(default=30.0, ge=0, le=3600)

@@ -4,6 +4,7 @@ database, the runner's own workspace_sync code over the runner protocol)."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -53,6 +54,12 @@ def blob_keys(rt: Runtime, prefix: str) -> list[str]:
     return list(rt.vault.store.iterate(prefix))
 
 
+def later() -> int:
+    """A save's clock well after the files were written: the node's index may vouch for
+    them (a file hashed within push_index.RACY_NS of its last change is read again)."""
+    return time.time_ns() + 60 * 10**9
+
+
 @pytest.fixture
 def fleet(backend: FakeBackend) -> FakeBackend:
     backend.same_host = False  # runners on other nodes: workspaces are saved at stop
@@ -71,17 +78,25 @@ def test_a_workspace_saved_at_stop_is_restored_elsewhere_and_a_second_save_sends
     os.chmod(old / "src" / "train.py", 0o755)
     big = os.urandom(CHUNK_SIZE + 1000)  # two chunks
     (old / "weights.bin").write_bytes(big)
-    (old / ".gpulease" / "venv" / "lib").mkdir(parents=True)
-    (old / ".gpulease" / "venv" / "lib" / "pkg.py").write_text("layer, not moved")
+    layer = old / ".gpulease" / "venv"
+    (layer / "lib").mkdir(parents=True)
+    (layer / "lib" / "pkg.py").write_text("installed by pip")
+    (layer / "pyvenv.cfg").write_text("home = /node-a/envs/python/bin\n")  # this node's
+    (layer / "bin").mkdir()
+    (layer / "bin" / "python").symlink_to("/node-a/envs/python/bin/python")
+    (old / "empty" / "deeper").mkdir(parents=True)
+    (old / "cache").mkdir()
     conn = connection(http, runner)
     spec = spec_at(fleet, instance_id, old)
 
-    first = workspace_sync.save(spec, conn)
-    assert first is not None and (first.files, first.sent_chunks) == (2, 3)
-    assert first.bytes == len(big) + len("print('hi')\n")
+    first = workspace_sync.save(spec, conn, clock_ns=later)
+    assert first is not None and (first.files, first.sent_chunks) == (3, 4)
+    assert first.bytes == len(big) + len("print('hi')\n") + len("installed by pip")
+    assert first.dirs == 3  # empty/deeper, cache, and the layer's bin (only a link in it)
     (old / "notes.txt").write_text("new")  # one more file, the rest unchanged
-    second = workspace_sync.save(spec, conn)
-    assert second is not None and (second.files, second.sent_chunks) == (3, 1)
+    second = workspace_sync.save(spec, conn, clock_ns=later)
+    assert second is not None and (second.files, second.sent_chunks) == (4, 1)
+    assert second.read_files == 1  # the others: the node's index vouched for them
     shown = ann.get("/api/v1/instances/box").json()
     assert shown["workspace_saved_at"] is not None and shown["last_node"] is not None
 
@@ -96,13 +111,18 @@ def test_a_workspace_saved_at_stop_is_restored_elsewhere_and_a_second_save_sends
     restored = workspace_sync.restore(
         spec_at(fleet, instance_id, new, workspace_restore=True), conn
     )
-    assert restored is not None and restored.files == 3 and restored.skipped == 1
+    assert restored is not None and restored.files == 4 and restored.skipped == 1
     assert (new / "weights.bin").read_bytes() == big
     assert (new / "src" / "train.py").read_text() == "print('hi')\n"
     assert os.stat(new / "src" / "train.py").st_mode & 0o100
     assert (new / "notes.txt").read_text() == "new"
-    assert not (new / "old-stale" / "gone.txt").exists()
-    assert not (new / ".gpulease").exists()  # the venv layer is made again, not moved
+    assert not (new / "old-stale").exists()  # emptied, and not in the copy
+    assert (new / "empty" / "deeper").is_dir() and (new / "cache").is_dir()
+    # the layer's packages move; its links and pyvenv.cfg are the new node's to make
+    assert (new / ".gpulease" / "venv" / "lib" / "pkg.py").read_text() == "installed by pip"
+    assert (new / ".gpulease" / "venv" / "bin").is_dir()
+    assert not (new / ".gpulease" / "venv" / "pyvenv.cfg").exists()
+    assert not os.path.lexists(new / ".gpulease" / "venv" / "bin" / "python")
     assert (new.parent / "run" / workspace_sync.WORKDIR_MARKER).exists()  # no workdir over it
 
     # restoring again fetches nothing: every file is there already

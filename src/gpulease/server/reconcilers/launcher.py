@@ -86,7 +86,7 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             return  # someone else launched it
         instance = session.get(Instance, instance_id)
         assert instance is not None and instance.workspace is not None
-        restore = _moved(session, rt, instance)
+        restore = _moved(session, rt, instance, now)
         instance.last_node_id = instance.node_id
         gpus = list(
             session.scalars(select(Gpu).where(Gpu.instance_id == instance_id).order_by(Gpu.index))
@@ -112,6 +112,7 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             # on a fleet the workspace lives on the node: saved at stop, restored after a move
             workspace_save=not rt.backend.same_host,
             workspace_restore=restore,
+            workspace_save_interval_s=rt.settings.workspace_save_interval_s,
             **_share(session, rt, instance),
         )
     try:
@@ -138,9 +139,10 @@ def _launch(rt: Runtime, instance_id: int) -> None:
         )
 
 
-def _moved(session: Session, rt: Runtime, instance: Instance) -> bool:
+def _moved(session: Session, rt: Runtime, instance: Instance, now: datetime) -> bool:
     """Whether the instance starts on another node than the one it last ran on; if so the
-    user is told why, and on a fleet its runner restores the workspace's snapshot."""
+    user is told why (and how old the workspace's copy is, as of now), and on a fleet its
+    runner restores the workspace's snapshot."""
     last, node = instance.last_node, instance.node
     if last is None or node is None or last.id == node.id:
         return False
@@ -149,10 +151,7 @@ def _moved(session: Session, rt: Runtime, instance: Instance) -> bool:
     if rt.backend.same_host:
         pass  # one host: the workspace is where it was
     elif instance.workspace_snapshot_at is not None:
-        message += (
-            f"; its workspace comes from the copy saved when it stopped on "
-            f"{instance.workspace_snapshot_at:%Y-%m-%d %H:%M} UTC"
-        )
+        message += "; " + workspaces.copy_age(instance.workspace_snapshot_at, now)
     else:
         message += "; no copy of its workspace was saved, so it starts with an empty one"
     instance.status_message = message[:500]
@@ -200,13 +199,34 @@ def finish_stops(rt: Runtime, now: datetime | None = None) -> None:
     """Stopping instances whose runner is gone, never started, or overran its grace (as of
     now, by default the real time)."""
     grace = timedelta(seconds=rt.settings.stop_grace_s)
+    save_max = timedelta(seconds=rt.settings.workspace_save_max_s)
     now = now or utcnow()
     with transaction(rt.sessions) as session:
         rows = [
-            (i.id, i.runner_handle, i.runner_launched_at, i.stop_requested_at, i.preempted_at)
+            (
+                i.id,
+                i.runner_handle,
+                i.runner_launched_at,
+                i.stop_requested_at,
+                i.preempted_at,
+                i.workspace_saving_since,
+            )
             for i in session.scalars(select(Instance).where(Instance.status == STOPPING))
         ]
-    for instance_id, handle, launched_at, requested_at, preempted_at in rows:
+    for instance_id, handle, launched_at, requested_at, preempted_at, saving in rows:
+        if saving is not None and handle is not None:  # its jobs ended: billing ended then
+            if not rt.backend.alive(handle):
+                _stopped(rt, instance_id, "its runner has exited")
+            elif now - saving > save_max:
+                rt.backend.stop(handle, force=True)
+                _stopped(
+                    rt,
+                    instance_id,
+                    f"its runner did not save its workspace within "
+                    f"{save_max.total_seconds():.0f} s and was killed; the copy saved before "
+                    "stays",
+                )
+            continue
         if preempted_at is not None:  # its job's checkpoint grace comes first
             requested_at = requested_at and requested_at + timedelta(
                 seconds=rt.settings.preempt_grace_s
@@ -222,10 +242,14 @@ def finish_stops(rt: Runtime, now: datetime | None = None) -> None:
             reason = f"its runner did not stop within {grace.seconds} s and was killed"
         if reason is None:
             continue
-        with transaction(rt.sessions) as session:
-            instance = session.get(Instance, instance_id)
-            if instance is not None and instance.status == STOPPING:
-                switch_status(session, instance, STOPPED, instance.status_reason or reason)
+        _stopped(rt, instance_id, reason)
+
+
+def _stopped(rt: Runtime, instance_id: int, reason: str) -> None:
+    with transaction(rt.sessions) as session:
+        instance = session.get(Instance, instance_id)
+        if instance is not None and instance.status == STOPPING:
+            switch_status(session, instance, STOPPED, instance.status_reason or reason)
 
 
 def forget_released_workspaces(rt: Runtime) -> None:

@@ -29,17 +29,21 @@ import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpulease.core.datasets import check_path, tree_conflict
+from gpulease.core.durations import span
 from gpulease.core.errors import Conflict, InvalidInput, NotFound
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Instance, StorageKey, WorkspaceChunk
+from gpulease.server.services import metering
 from gpulease.server.services.datasets.keys import ensure_key
 from gpulease.server.services.datasets.vault import Vault
+from gpulease.server.services.instances.states import STOPPING
 from gpulease.storage.chunking import CHUNK_SIZE, pack, unpack_checked
 from gpulease.storage.crypto import IntegrityError, open_sealed, seal
 
@@ -66,6 +70,7 @@ class SnapshotFile:
 @dataclass(frozen=True)
 class Snapshot:
     files: tuple[SnapshotFile, ...]
+    dirs: tuple[str, ...] = ()  # empty directories: holding no file or directory listed
 
     @property
     def size(self) -> int:
@@ -82,7 +87,9 @@ class Snapshot:
 
     def encode(self) -> bytes:
         rows = [(f.path, f.size, f.mode, f.mtime, f.chunks) for f in self.files]
-        text = json.dumps({"format": FORMAT, "chunk_size": CHUNK_SIZE, "files": rows})
+        text = json.dumps(
+            {"format": FORMAT, "chunk_size": CHUNK_SIZE, "files": rows, "dirs": self.dirs}
+        )
         return zlib.compress(text.encode(), 1)
 
     @classmethod
@@ -94,14 +101,19 @@ class Snapshot:
             tuple(
                 SnapshotFile(p, int(s), int(m), float(t), tuple(c))
                 for p, s, m, t, c in raw["files"]
-            )
+            ),
+            tuple(str(d) for d in raw.get("dirs", ())),  # none in a snapshot from before
         )
 
 
-def check_snapshot(files: Sequence[SnapshotFile]) -> Snapshot:
-    """The snapshot of files, or InvalidInput saying which entry is wrong."""
-    if len(files) > MAX_FILES:
-        raise InvalidInput(f"a workspace snapshot holds at most {MAX_FILES} files")
+def check_snapshot(files: Sequence[SnapshotFile], dirs: Sequence[str] = ()) -> Snapshot:
+    """The snapshot of files and empty dirs, or InvalidInput saying which entry is wrong."""
+    if len(files) + len(dirs) > MAX_FILES:
+        raise InvalidInput(
+            f"a workspace snapshot holds at most {MAX_FILES} files and empty directories"
+        )
+    for directory in dirs:
+        check_path(directory)
     for f in files:
         check_path(f.path)
         if f.size < 0:
@@ -116,10 +128,12 @@ def check_snapshot(files: Sequence[SnapshotFile]) -> Snapshot:
         if not math.isfinite(f.mtime):
             raise InvalidInput(f"{f.path!r}: its mtime is not a number")
         check_chunk_ids(f.chunks)
-    conflict = tree_conflict([f.path for f in files])
+    conflict = tree_conflict([*(f.path for f in files), *dirs])
     if conflict:
-        raise InvalidInput(f"the workspace snapshot is not a tree: {conflict}")
-    snapshot = Snapshot(tuple(sorted(files, key=lambda f: f.path)))
+        raise InvalidInput(
+            f"the workspace snapshot is not a tree of files and empty directories: {conflict}"
+        )
+    snapshot = Snapshot(tuple(sorted(files, key=lambda f: f.path)), tuple(sorted(dirs)))
     snapshot.chunk_sizes()  # the same chunk twice with two sizes is refused here
     return snapshot
 
@@ -252,12 +266,16 @@ class Saved:
 
 
 def save_snapshot(
-    sessions: sessionmaker[Session], vault: Vault, instance_id: int, files: Sequence[SnapshotFile]
+    sessions: sessionmaker[Session],
+    vault: Vault,
+    instance_id: int,
+    files: Sequence[SnapshotFile],
+    dirs: Sequence[str] = (),
 ) -> Saved:
-    """Make files the instance's snapshot. Every chunk they name must have been stored
-    (Conflict otherwise: send it first). The previous snapshot and the chunks only it named
-    are deleted."""
-    snapshot = check_snapshot(files)
+    """Make files and the empty directories dirs the instance's snapshot. Every chunk they
+    name must have been stored (Conflict otherwise: send it first). The previous snapshot
+    and the chunks only it named are deleted."""
+    snapshot = check_snapshot(files, dirs)
     sizes = snapshot.chunk_sizes()
     with transaction(sessions) as session:
         instance = _instance(session, instance_id)
@@ -319,6 +337,27 @@ def _drop_rows(session: Session, dead: Sequence[tuple[int, str]]) -> list[str]:
 def _delete_blobs(vault: Vault, keys: Iterable[str]) -> None:
     for blob_key in keys:
         vault.store.delete(blob_key)
+
+
+def saving_started(session: Session, instance: Instance, now: datetime) -> None:
+    """A stopping instance's runner says its jobs have ended and it is saving the workspace:
+    billing ends now, not when the save does, and from now on the stop is bounded by the
+    save's own limit instead of the stop grace (reconcilers/launcher.finish_stops). Only
+    the first call counts; a running instance (a periodic save) is not touched."""
+    if instance.status != STOPPING or instance.workspace_saving_since is not None:
+        return
+    metering.close_segment(session, instance, now)
+    instance.workspace_saving_since = now
+
+
+def copy_age(saved_at: datetime, now: datetime) -> str:
+    """What a user is told of the copy a moved instance starts from: when it was saved and
+    how long before now (work done after it is not in it)."""
+    age = span(int((now - saved_at).total_seconds()))
+    return (
+        f"its workspace comes from the copy saved at {saved_at:%Y-%m-%d %H:%M} UTC, {age} "
+        "before this start; what changed after it is not in it"
+    )
 
 
 # -- restoring, by the runner of the node it moved to -------------------------------------------

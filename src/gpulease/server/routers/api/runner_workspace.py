@@ -3,8 +3,10 @@
 Saving (docs/runner-protocol.md): POST /runner/v1/workspace/missing with the chunk ids of
 every file answers with the chunks the server lacks, POST .../chunks sends those as a chunk
 pack (gpulease.storage.chunking), PUT .../snapshot makes the file list the instance's
-snapshot. Restoring: GET .../snapshot, then POST .../chunks/fetch for the chunks the node
-lacks. Each call reaches only the calling runner's own instance (services/workspaces.py).
+snapshot. A stopping runner whose jobs ended first posts .../saving: billing ends then, and
+its save is bounded by its own limit instead of the stop grace. Restoring: GET .../snapshot,
+then POST .../chunks/fetch for the chunks the node lacks. Each call reaches only the
+calling runner's own instance (services/workspaces.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from gpulease.schemas.runner import (
     RunnerWorkspaceMissing,
     RunnerWorkspaceSnapshot,
 )
+from gpulease.server.routers.api.clock import Now
 from gpulease.server.routers.api.datasets import PACK, read_capped, vault_of
 from gpulease.server.routers.deps import DetachedRunnerInstance, RunnerInstance, SessionDep, runtime
 from gpulease.server.services import workspaces
@@ -36,6 +39,12 @@ def missing(
     return RunnerWorkspaceMissing(
         missing=workspaces.missing_chunks(session, instance.id, body.chunks)
     )
+
+
+@router.post("/saving", status_code=204)
+def saving(session: SessionDep, instance: RunnerInstance, now: Now) -> Response:
+    workspaces.saving_started(session, instance, now)
+    return Response(status_code=204)
 
 
 @router.post("/chunks", status_code=204)
@@ -58,7 +67,9 @@ def save(
         workspaces.SnapshotFile(f.path, f.size, f.mode, f.mtime, tuple(f.chunks))
         for f in body.files
     ]
-    workspaces.save_snapshot(runtime(request).sessions, vault_of(request), instance.id, files)
+    workspaces.save_snapshot(
+        runtime(request).sessions, vault_of(request), instance.id, files, body.dirs
+    )
     return Response(status_code=204)
 
 
@@ -76,7 +87,8 @@ def snapshot(
                 path=f.path, size=f.size, mode=f.mode, mtime=f.mtime, chunks=list(f.chunks)
             )
             for f in found.files
-        ]
+        ],
+        dirs=list(found.dirs),
     )
 
 

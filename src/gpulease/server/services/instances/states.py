@@ -96,6 +96,7 @@ def switch_status(
         instance.runner_handle = None
         instance.runner_launched_at = None
         instance.stop_requested_at = None
+        instance.workspace_saving_since = None
         instance.last_heartbeat_at = None
         instance.status_message = ""
     if new in (STOPPED, FAILED):
