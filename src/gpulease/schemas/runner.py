@@ -22,6 +22,19 @@ SESSION_TOKEN_PATTERN = r"^glr_[A-Za-z0-9_-]{43,}$"
 
 
 @dataclass(frozen=True)
+class FabricLink:
+    """A rank's interface on the job fabric (docs/ray.md): a macvlan of the node's fabric
+    parent moved into the instance's network namespace before any job starts. The server
+    gives the address and the peers; the node's own settings give the parent."""
+
+    address: str  # the rank's address with the fabric's prefix length, "10.213.0.4/16"
+    peers: tuple[str, ...] = ()  # the other ranks' addresses: all the interface may reach
+    interface: str = "fabric0"  # its name in the namespace (GLOO_/NCCL_SOCKET_IFNAME)
+    parent: str | None = None  # the node's GPULEASE_FABRIC_PARENT
+    parent_netns: str | None = None  # the node's GPULEASE_FABRIC_NETNS; None: the host's
+
+
+@dataclass(frozen=True)
 class RunnerSpec:
     """Everything a runner needs to serve one instance. Written to a 0600 file in run_dir
     (never argv, never a path the sandbox binds); JSON through pydantic (to_json/from_json).
@@ -76,6 +89,9 @@ class RunnerSpec:
     # With workspace_save: also save it every this many seconds while running (0: only at
     # stop), so that an instance whose node dies starts elsewhere from a recent copy.
     workspace_save_interval_s: float = 0.0
+    # A rank of a multi-node run on a server with a job fabric (GPULEASE_FABRIC_CIDR); None:
+    # none (the jobs reach out through slirp only).
+    fabric: FabricLink | None = None
 
     def to_json(self) -> str:
         return _SPEC.dump_json(self).decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -45,6 +46,9 @@ class Settings(BaseSettings):
     # On every Ray node: the directory under which it keeps workspaces, runners' files,
     # environments and dataset caches, one folder per node name.
     ray_node_home: Path = Path("/var/lib/gpulease-node")
+    # The job fabric's IPv4 range (docs/ray.md): each rank of a multi-node run gets an
+    # address in it, on a macvlan of its node's GPULEASE_FABRIC_PARENT. None: no fabric.
+    fabric_cidr: str | None = None
     node_name: str | None = None
     tick_interval_s: float = 1.0
     heartbeat_interval_s: float = 2.0
@@ -275,6 +279,21 @@ class Settings(BaseSettings):
     @property
     def smtp_configured(self) -> bool:
         return bool(self.smtp_host)
+
+    @model_validator(mode="after")
+    def _check_fabric(self) -> Settings:
+        if self.fabric_cidr is None:
+            return self
+        try:
+            network = ipaddress.IPv4Network(self.fabric_cidr)
+        except ValueError as exc:
+            raise ValueError(
+                f"GPULEASE_FABRIC_CIDR={self.fabric_cidr!r} is not an IPv4 network ({exc}); "
+                "give one such as 10.213.0.0/16, its host bits zero"
+            ) from exc
+        if network.prefixlen > 30:
+            raise ValueError("GPULEASE_FABRIC_CIDR must hold at least 2 addresses: /30 or wider")
+        return self
 
     @model_validator(mode="after")
     def _check_smtp(self) -> Settings:

@@ -4,16 +4,19 @@ runner with its rank's variables, or none starts; impossible gangs are refused."
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from factories import Caller
+from factories import Caller, make_settings
 from gpulease.backends.fake import FakeBackend
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance, Node, Run
 from gpulease.server.runtime import Runtime
-from gpulease.server.services.instances.states import STOPPING, switch_status
+from gpulease.server.services.instances import gangs
+from gpulease.server.services.instances.states import STOPPED, STOPPING, switch_status
+from gpulease.server.settings import Settings
 
 MODEL = "A100-80GB"
 SECOND_HOST = "10.0.0.2"
@@ -49,8 +52,10 @@ def two_nodes(rt: Runtime, ann: Caller) -> dict[int, str]:
         return {n.id: n.hostname for n in session.scalars(select(Node))}
 
 
-def gang(caller: Caller, nodes: int = 2, gpu: str = f"{MODEL}:1") -> dict[str, object]:
-    r = caller.post("/api/v1/instances", json={"gpu": gpu, "num_nodes": nodes, "name": "dist"})
+def gang(
+    caller: Caller, nodes: int = 2, gpu: str = f"{MODEL}:1", name: str = "dist"
+) -> dict[str, object]:
+    r = caller.post("/api/v1/instances", json={"gpu": gpu, "num_nodes": nodes, "name": name})
     assert r.status_code == 201, r.text
     body: dict[str, object] = r.json()
     return body
@@ -152,3 +157,129 @@ def test_a_rank_that_ends_without_success_stops_the_other_ranks(
     else:
         assert leader["status"] in ("stopping", "stopped"), leader
         assert leader["status_reason"] == "rank 1 of its run ended: its run failed"
+
+
+# -- the job fabric (GPULEASE_FABRIC_CIDR): each rank's own address ------------------------
+
+
+@pytest.fixture
+def fabric(settings: Settings) -> str:
+    """A job fabric of 6 addresses (10.213.0.1 to .6) on this test's server."""
+    settings.fabric_cidr = "10.213.0.0/29"
+    return settings.fabric_cidr
+
+
+def fabric_addresses(rt: Runtime, gang_id: int) -> list[str | None]:
+    with transaction(rt.sessions) as session:
+        return [m.fabric_address for m in gangs.members(session, gang_id)]
+
+
+def end_rank(rt: Runtime, gang_id: int, rank: int) -> None:
+    with transaction(rt.sessions) as session:
+        member = gangs.members(session, gang_id)[rank]
+        switch_status(session, member, STOPPED, "its run succeeded")
+
+
+def test_on_a_fabric_each_rank_gets_its_own_address_and_the_variables_name_them(
+    ann: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+    fabric: str,
+) -> None:
+    first = int(str(gang(ann, name="g1")["id"]))
+    second = int(str(gang(ann, name="g2")["id"]))  # each node has two GPUs: both gangs fit
+    tick()
+    assert fabric_addresses(rt, first) == ["10.213.0.1", "10.213.0.2"]
+    assert fabric_addresses(rt, second) == ["10.213.0.3", "10.213.0.4"]
+    specs = {spec.instance_id: spec for spec in backend.started}
+    assert len(specs) == 4
+    with transaction(rt.sessions) as session:
+        ranks = {m.id: m.fabric_address for m in gangs.members(session, first)}
+    for instance_id, address in ranks.items():
+        spec = specs[instance_id]
+        env = spec.extra_env
+        assert env["MASTER_ADDR"] == "10.213.0.1"
+        assert env["SKYPILOT_NODE_IPS"].splitlines() == ["10.213.0.1", "10.213.0.2"]
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "fabric0"
+        assert spec.fabric is not None
+        assert spec.fabric.address == f"{address}/29"
+        assert spec.fabric.peers == tuple(a for a in ranks.values() if a != address)
+        assert spec.fabric.interface == "fabric0"
+        assert spec.fabric.parent is None  # the node's own setting, filled there
+
+
+def test_without_a_fabric_the_ranks_get_node_addresses_and_no_link(
+    ann: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+) -> None:
+    gang_id = int(str(gang(ann, name="g3")["id"]))
+    tick()
+    assert fabric_addresses(rt, gang_id) == [None, None]
+    for spec in backend.started:
+        assert spec.fabric is None
+        assert "GLOO_SOCKET_IFNAME" not in spec.extra_env
+        ips = spec.extra_env["SKYPILOT_NODE_IPS"].splitlines()
+        assert len(ips) == 2 and set(ips) == set(two_nodes.values())
+        assert spec.extra_env["MASTER_ADDR"] == ips[0]
+
+
+def test_fabric_addresses_are_freed_once_no_rank_of_their_gang_is_live(
+    ann: Caller,
+    rt: Runtime,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+    fabric: str,
+) -> None:
+    first = int(str(gang(ann, name="g4")["id"]))
+    tick()
+    assert fabric_addresses(rt, first) == ["10.213.0.1", "10.213.0.2"]
+    # rank 1 ended, rank 0 still runs and still allows .2: nobody else may get .2
+    end_rank(rt, first, 1)
+    second = int(str(gang(ann, name="g5")["id"]))
+    tick()
+    assert fabric_addresses(rt, second) == ["10.213.0.3", "10.213.0.4"]
+    end_rank(rt, first, 0)
+    end_rank(rt, second, 0)
+    end_rank(rt, second, 1)
+    third = int(str(gang(ann, name="g6")["id"]))
+    tick()
+    assert fabric_addresses(rt, third) == ["10.213.0.1", "10.213.0.2"]
+    assert fabric_addresses(rt, first) == [None, None]  # given back
+    assert fabric_addresses(rt, second) == [None, None]
+
+
+def test_an_exhausted_fabric_keeps_the_gang_waiting_with_the_reason(
+    ann: Caller,
+    rt: Runtime,
+    settings: Settings,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+) -> None:
+    settings.fabric_cidr = "10.213.0.0/30"  # two addresses: one gang of two
+    first = int(str(gang(ann, name="g7")["id"]))
+    second = int(str(gang(ann, name="g8")["id"]))
+    tick()
+    assert fabric_addresses(rt, first) == ["10.213.0.1", "10.213.0.2"]
+    assert [m[0] for m in members(rt, second)] == ["queued", "queued"]
+    message = str(ann.get(f"/api/v1/instances/{second}").json()["status_message"])
+    assert "the job fabric 10.213.0.0/30 has 2 addresses and 2 are held" in message, message
+    assert "GPULEASE_FABRIC_CIDR" in message
+    end_rank(rt, first, 0)
+    end_rank(rt, first, 1)
+    tick()
+    assert fabric_addresses(rt, second) == ["10.213.0.1", "10.213.0.2"]
+    # a run with more ranks than the fabric holds is refused when it is made
+    r = ann.post("/api/v1/instances", json={"gpu": f"{MODEL}:1", "num_nodes": 3})
+    assert r.status_code == 422, r.text
+    assert "the job fabric 10.213.0.0/30 holds 2 ranks" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("cidr", ["10.213.0.1/16", "fabric", "10.213.0.0/31", "fd00::/64"])
+def test_a_bad_fabric_range_is_refused_at_start(tmp_path: Path, cidr: str) -> None:
+    with pytest.raises(ValueError, match="GPULEASE_FABRIC_CIDR"):
+        make_settings(tmp_path, "sqlite://", fabric_cidr=cidr)

@@ -109,6 +109,7 @@ def _launch(rt: Runtime, instance_id: int) -> None:
             server_socket=server_socket,
             node=instance.node.name if instance.node is not None else None,
             extra_env=gangs.rank_env(session, instance),
+            fabric=gangs.fabric_link(session, instance, rt.settings),
             # on a fleet the workspace lives on the node: saved at stop, restored after a move
             workspace_save=not rt.backend.same_host,
             workspace_restore=restore,

@@ -67,10 +67,13 @@ def tick(rt: Runtime) -> int:
             if victim is not None:
                 preemption.preempt(session, victim, now, grace)
         wanted = {r.instance_id: r for r in queue}
+        fabric = gangs.fabric_range(rt.settings)
         for start in decisions.starts:
             req = wanted[start.request_id]
             if len(start.node_ids) > 1 and start.request_id not in decisions.reclaiming:
-                placed += gangs.start_gang(session, req.instance_id, start.node_ids, free_ids)
+                placed += gangs.start_gang(
+                    session, req.instance_id, start.node_ids, free_ids, fabric
+                )
                 continue
             ids = free_ids.get((start.node_ids[0], req.model), [])
             if start.request_id in decisions.reclaiming or len(ids) < req.count:

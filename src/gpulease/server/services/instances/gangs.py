@@ -5,27 +5,56 @@ carries its gang's id (rank 0's instance id), its rank and the gang's size. Only
 stands in the scheduler's queue, asking for `size` nodes; when the policy places it, every
 member takes its GPUs on its own node in one transaction (start_gang). The launcher gives
 each member's runner the variables torchrun and SkyPilot expect (rank_env).
+
+With a job fabric (GPULEASE_FABRIC_CIDR, docs/ray.md) each member also gets an address in
+that range when its gang is placed: its runner puts it on a macvlan in the instance's
+network namespace (runner/netns.py), reachable from its gang's other ranks only, and the
+rank variables name those addresses instead of the nodes'. An address is held until no
+rank of its gang is live any more: a rank still running allows its ended peers' addresses,
+so they must not go to another gang meanwhile.
 """
 
 from __future__ import annotations
 
+import ipaddress
+
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog, parse_accelerators
 from gpulease.core.errors import InvalidInput, Unavailable
 from gpulease.schemas.instances import InstanceCreate
+from gpulease.schemas.runner import FabricLink
 from gpulease.server.orm import Gpu, Instance, Node, Run, User
 from gpulease.server.services import ledger
 from gpulease.server.services.billing import plans
 from gpulease.server.services.instances import lifecycle, opening
-from gpulease.server.services.instances.states import QUEUED, RUNNING, STARTING, switch_status
+from gpulease.server.services.instances.states import (
+    QUEUED,
+    RUNNING,
+    STARTING,
+    STOPPING,
+    switch_status,
+)
 from gpulease.server.settings import Settings
 
 MAX_NODES = 64
 # torchrun's rendezvous port on rank 0's node; per gang so that two gangs whose rank 0
 # share a node do not collide.
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 29500, 10000
+# The fabric interface's name in every rank's namespace; Gloo and NCCL are told to use it.
+FABRIC_INTERFACE = "fabric0"
+# A rank's fabric address stays taken while any rank of its gang is in one of these.
+_HOLDS_FABRIC = (QUEUED, STARTING, RUNNING, STOPPING)
+
+
+def fabric_range(settings: Settings) -> ipaddress.IPv4Network | None:
+    """The job fabric's range, or None when there is none: unset, or jobs run unsandboxed
+    (in the node's own network, where node addresses are what ranks reach)."""
+    if settings.fabric_cidr is None or settings.unsandboxed_single_user:
+        return None
+    return ipaddress.IPv4Network(settings.fabric_cidr)
 
 
 def open_gang(
@@ -41,6 +70,12 @@ def open_gang(
     model, count = parse_accelerators(spec.gpu)
     if count < 1:
         raise InvalidInput("a multi-node run needs GPUs on each node; set accelerators")
+    fabric = fabric_range(settings)
+    if fabric is not None and size > _capacity(fabric):
+        raise InvalidInput(
+            f"the job fabric {fabric} holds {_capacity(fabric)} ranks and this run has "
+            f"{size}; ask for num_nodes: {_capacity(fabric)} or fewer"
+        )
     _check_enough_nodes(session, catalog.get(model).name, count, size)
     members: list[Instance] = []
     for rank in range(size):
@@ -90,11 +125,12 @@ def start_gang(
     leader_id: int,
     node_ids: tuple[int, ...],
     free_ids: dict[tuple[int, str], list[int]],
+    fabric: ipaddress.IPv4Network | None = None,
 ) -> int:
     """Place the gang of queued rank 0 `leader_id` on `node_ids` (one per rank, distinct):
-    each member takes its GPUs there and starts, all in one nested transaction, or none
-    does. `free_ids` is the free GPU ids per (node, model); those taken leave it.
-    Returns how many instances started."""
+    each member takes its GPUs there (and an address of `fabric` when given) and starts,
+    all in one nested transaction, or none does. `free_ids` is the free GPU ids per
+    (node, model); those taken leave it. Returns how many instances started."""
     gang = members(session, leader_id)
     if len(gang) != len(node_ids) or len(set(node_ids)) != len(node_ids):
         return 0
@@ -110,8 +146,40 @@ def start_gang(
         if len(ids) < member.gpu_count:
             return 0
         picks.append(ids[: member.gpu_count])
+    addresses: list[str | None] = [None] * len(gang)
+    if fabric is not None:
+        free = free_fabric_addresses(session, fabric, len(gang))
+        if len(free) < len(gang):
+            leader.status_message = (
+                f"waiting: the job fabric {fabric} has {_capacity(fabric)} addresses and "
+                f"{_capacity(fabric) - len(free)} are held by live multi-node runs; it "
+                "starts when one ends (or ask the operator for a wider GPULEASE_FABRIC_CIDR)"
+            )
+            return 0
+        addresses = list(free)
+    try:
+        placed = _take(session, gang, node_ids, picks, addresses)
+    except IntegrityError:  # another replica gave one of the addresses meanwhile
+        return 0
+    if not placed:
+        return 0
+    for member, node_id, gpu_ids in zip(gang, node_ids, picks, strict=True):
+        ids = free_ids[(node_id, member.gpu_model)]
+        del ids[: len(gpu_ids)]
+    return len(gang)
+
+
+def _take(
+    session: Session,
+    gang: list[Instance],
+    node_ids: tuple[int, ...],
+    picks: list[list[int]],
+    addresses: list[str | None],
+) -> bool:
+    """Every member takes its GPUs and address and starts, in one nested transaction; False
+    (and nothing changed) when another replica took one of the GPUs first."""
     with session.begin_nested() as nested:
-        for member, node_id, gpu_ids in zip(gang, node_ids, picks, strict=True):
+        for member, node_id, gpu_ids, address in zip(gang, node_ids, picks, addresses, strict=True):
             taken = session.execute(
                 update(Gpu)
                 .where(Gpu.id.in_(gpu_ids), Gpu.instance_id.is_(None))
@@ -120,13 +188,45 @@ def start_gang(
             ).rowcount  # type: ignore[attr-defined]
             if taken != len(gpu_ids):
                 nested.rollback()  # another replica took one of them; next tick
-                return 0
+                return False
             member.node_id = node_id
+            member.fabric_address = address
             switch_status(session, member, STARTING, "")
-    for member, node_id, gpu_ids in zip(gang, node_ids, picks, strict=True):
-        ids = free_ids[(node_id, member.gpu_model)]
-        del ids[: len(gpu_ids)]
-    return len(gang)
+        session.flush()  # a fabric address given twice fails here, inside the savepoint
+    return True
+
+
+def _capacity(fabric: ipaddress.IPv4Network) -> int:
+    return fabric.num_addresses - 2  # neither the network's address nor its broadcast
+
+
+def free_fabric_addresses(
+    session: Session, fabric: ipaddress.IPv4Network, wanted: int
+) -> list[str]:
+    """Up to `wanted` addresses of fabric that nobody holds, lowest first. First every
+    address whose gang has no live rank any more is given back."""
+    holding = select(Instance.gang_id).where(
+        Instance.gang_id.is_not(None), Instance.status.in_(_HOLDS_FABRIC)
+    )
+    session.execute(
+        update(Instance)
+        .where(
+            Instance.fabric_address.is_not(None),
+            (Instance.gang_id.is_(None)) | Instance.gang_id.not_in(holding),
+        )
+        .values(fabric_address=None)
+        .execution_options(synchronize_session="fetch")
+    )
+    held = set(
+        session.scalars(select(Instance.fabric_address).where(Instance.fabric_address.is_not(None)))
+    )
+    free: list[str] = []
+    for host in fabric.hosts():
+        if len(free) == wanted:
+            break
+        if str(host) not in held:
+            free.append(str(host))
+    return free
 
 
 def stop_broken(session: Session) -> int:
@@ -166,14 +266,20 @@ def _succeeded(session: Session, instance: Instance) -> bool:
 
 def rank_env(session: Session, instance: Instance) -> dict[str, str]:
     """The variables torchrun and SkyPilot read in each rank of a multi-node run (MASTER_*,
-    NODE_RANK, WORLD_SIZE, NNODES, SKYPILOT_*); {} for a one-node instance. Node addresses
-    are what the backend reports as each node's host (on Ray its IP address)."""
+    NODE_RANK, WORLD_SIZE, NNODES, SKYPILOT_*); {} for a one-node instance. The addresses
+    are the ranks' fabric addresses when the gang has them (with GLOO_SOCKET_IFNAME and
+    NCCL_SOCKET_IFNAME naming the fabric interface), else what the backend reports as each
+    node's host (on Ray its IP address)."""
     if instance.gang_id is None or instance.gang_rank is None:
         return {}
     gang = members(session, instance.gang_id)
-    addresses = [m.node.hostname if m.node is not None else "" for m in gang]
+    fabric = _on_fabric(gang)
+    if fabric:
+        addresses = [m.fabric_address or "" for m in gang]
+    else:
+        addresses = [m.node.hostname if m.node is not None else "" for m in gang]
     size = str(len(gang))
-    return {
+    env = {
         "MASTER_ADDR": addresses[0],
         "MASTER_PORT": str(MASTER_PORT_BASE + instance.gang_id % MASTER_PORT_SPAN),
         "NODE_RANK": str(instance.gang_rank),
@@ -185,3 +291,27 @@ def rank_env(session: Session, instance: Instance) -> dict[str, str]:
         "SKYPILOT_NUM_GPUS_PER_NODE": str(instance.gpu_count),
         "SKYPILOT_TASK_ID": f"gpulease-gang-{instance.gang_id}",
     }
+    if fabric:  # Gloo and NCCL announce the address of this interface, not slirp's
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = FABRIC_INTERFACE
+    return env
+
+
+def _on_fabric(gang: list[Instance]) -> bool:
+    return bool(gang) and all(m.fabric_address is not None for m in gang)
+
+
+def fabric_link(session: Session, instance: Instance, settings: Settings) -> FabricLink | None:
+    """What the rank's runner puts on the fabric: its address and its peers'; None for an
+    instance without one (a one-node instance, or no fabric)."""
+    if instance.gang_id is None or instance.fabric_address is None:
+        return None
+    gang = members(session, instance.gang_id)
+    if not _on_fabric(gang):
+        return None
+    fabric = fabric_range(settings)
+    prefix = fabric.prefixlen if fabric is not None else 32
+    return FabricLink(
+        address=f"{instance.fabric_address}/{prefix}",
+        peers=tuple(str(m.fabric_address) for m in gang if m.id != instance.id),
+        interface=FABRIC_INTERFACE,
+    )
