@@ -233,8 +233,7 @@ def bench_scan(root: Path, args: argparse.Namespace, console: Console) -> list[R
     """The unchanged re-push's only per-file work at --scan-files files: the scan (one
     lstat a file) and its digest, beside `find` printing every file's stat. The rest of
     that push is one request, whatever the size."""
-    from gpulease.client.datasets import scan_directory
-    from gpulease.client.push_index import scan_digest
+    from gpulease.client.datasets import scan_tree
 
     tree = root / "scan-tree"
     with console.status(f"writing {args.scan_files:,} small files"):
@@ -248,8 +247,7 @@ def bench_scan(root: Path, args: argparse.Namespace, console: Console) -> list[R
     with console.status("scans"):
         for _ in range(max(args.runs, 5)):
             started = time.perf_counter()
-            files = scan_directory(tree)
-            scan_digest([f.path for f in files], [f.stat for f in files if f.stat])
+            scan_tree(tree).digest()
             scans.append(time.perf_counter() - started)
             finds.append(timed(find, shell=True))
     return [

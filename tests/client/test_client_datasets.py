@@ -1,9 +1,11 @@
-"""The push client's file reading: chunks as scanned, and a file that changed size since
-its scan refused."""
+"""The push client's scan and file reading: chunks as scanned, a file that changed size
+since its scan refused, hostile trees refused naming the file."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,3 +37,50 @@ def test_a_file_that_changed_size_since_the_scan_is_refused(tmp_path: Path, now:
     path.write_bytes(now)
     with pytest.raises(DatasetError, match="changed while it was being pushed"):
         _hash_file(local)
+
+
+def _tree(root: Path) -> Path:
+    (root / "d" / "e").mkdir(parents=True)
+    (root / "d" / "e" / "deep.txt").write_bytes(b"deep")
+    (root / "top.txt").write_bytes(b"top")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda t: os.mkfifo(t / "d" / "pipe"), "not a regular file"),
+        (lambda t: os.symlink(t / "d", t / "d" / "e" / "up"), "link to a directory"),
+        (lambda t: os.symlink(t / "gone", t / "broken"), "broken link"),
+        (lambda t: os.symlink("/etc/hostname", t / "d" / "out"), "outside the directory"),
+        (lambda t: (t / "d" / "back\\slash").write_bytes(b"x"), "\\"),
+        (lambda t: (t / "d" / "e" / "tab\there").write_bytes(b"x"), "control character"),
+        (lambda t: Path(os.fsdecode(bytes(t / "d") + b"/\xff")).write_bytes(b"x"), "not UTF-8"),
+    ],
+    ids=[
+        "fifo",
+        "link-to-dir",
+        "broken-link",
+        "link-outside",
+        "backslash",
+        "tab",
+        "not-utf8",
+    ],
+)
+def test_a_hostile_tree_is_refused_naming_the_file(
+    tmp_path: Path, make: Callable[[Path], object], words: str
+) -> None:
+    tree = _tree(tmp_path / "tree")
+    make(tree)
+    with pytest.raises(DatasetError, match="cannot push") as refused:
+        scan_directory(tree)
+    assert words in str(refused.value)
+
+
+def test_a_link_to_a_file_inside_is_pushed_as_a_copy_of_it(tmp_path: Path) -> None:
+    tree = _tree(tmp_path / "tree")
+    os.symlink("e/deep.txt", tree / "d" / "alias.txt")
+    files = {f.path: f for f in scan_directory(tree)}
+    assert sorted(files) == ["d/alias.txt", "d/e/deep.txt", "top.txt"]
+    assert files["d/alias.txt"].stat == files["d/e/deep.txt"].stat
+    assert files["d/alias.txt"].size == 4

@@ -12,6 +12,7 @@ server holds as its current version already is settled by comparing two manifest
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import os
@@ -20,13 +21,20 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import chain
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
 from gpulease.client.base import Resource, path_part
 from gpulease.client.errors import ApiError, ClientError
-from gpulease.client.push_index import FileStat, PushIndex, index_path, scan_digest
+from gpulease.client.push_index import (
+    STAT_FIELDS,
+    FileStat,
+    PushIndex,
+    index_path,
+    scan_digest,
+)
 from gpulease.core.datasets import (
     MAX_PATH_CHARS,
     check_dataset_name,
@@ -85,67 +93,140 @@ def scan_directory(root: Path) -> list[LocalFile]:
     with control characters or that are not UTF-8, links that lead outside root or to a
     directory, and anything that is not a regular file. A link to a file inside root is
     pushed as a copy of that file."""
+    return scan_tree(root).files()
+
+
+class _Directory(NamedTuple):
+    """The files of one scanned directory (not those of its subdirectories)."""
+
+    prefix: str  # inside the dataset: '' or 'a/b/'
+    path: str  # where it is read from
+    names: list[str]  # sorted
+    # a FileStat's five fields, name after name, in one flat array of 64-bit integers (a
+    # plain list where a number does not fit one): no object per file for the collector
+    stats: Sequence[int]
+
+
+class ScannedTree:
+    """A scanned directory tree, kept as it was read: a list of names and an array of
+    stats per directory, no object per file. What an unchanged re-push needs (the count,
+    the size, the scan digest) comes from those; files() builds the sorted LocalFile list
+    only for a push that goes on."""
+
+    def __init__(self, directories: list[_Directory]) -> None:
+        self.directories = sorted(directories, key=_first)
+        self.count = sum(len(d.names) for d in self.directories)
+        self.size = sum(sum(d.stats[0::STAT_FIELDS]) for d in self.directories)
+
+    def digest(self) -> tuple[str, int]:
+        """scan_digest() of every path and stat, directory by directory."""
+        return scan_digest((d.prefix, d.names, d.stats) for d in self.directories)
+
+    def files(self) -> list[LocalFile]:
+        """Every file, sorted by path."""
+        found = []
+        with without_cyclic_gc():
+            for prefix, path, names, stats in self.directories:
+                base = path + "/"
+                for at, name in enumerate(names):
+                    stat = _new(FileStat, stats[at * STAT_FIELDS : (at + 1) * STAT_FIELDS])
+                    found.append(_new(LocalFile, (prefix + name, base + name, stat[0], stat)))
+            found.sort(key=_first)
+        return found
+
+
+def scan_tree(root: Path) -> ScannedTree:
+    """The files under root (see scan_directory for what is refused), directory by
+    directory. An unchanged re-push is nothing but this, so the work per file is done by
+    C loops (map, attrgetter) over each directory's names: the Python code runs
+    once a directory, and a name is checked one by one only where its directory's names,
+    checked together, are not all plain."""
     if not root.is_dir():
         raise DatasetError(f"{root} is not a directory")
     top = root.resolve()
+    scanned: list[_Directory] = []
+    pending = [("", os.fspath(root))]
     with without_cyclic_gc():
-        return _scan(root, top)
+        while pending:
+            prefix, directory = pending.pop()
+            found = _scan_one(root, top, prefix, directory, pending)
+            if found is not None:
+                scanned.append(found)
+    return ScannedTree(scanned)
 
 
-def _scan(root: Path, top: Path) -> list[LocalFile]:
-    found: list[LocalFile] = []
-    # One thread, an explicit stack of directories: an unchanged re-push is nothing but
-    # this loop, and at 100,000 files its Python work per file (not the lstat calls) is
-    # what counts, so it is kept to the checks and two tuples built in C.
-    directories = [("", os.fspath(root))]
-    while directories:
-        prefix, directory = directories.pop()
-        with os.scandir(directory) as listing:
-            for entry in listing:
-                name = entry.name
-                relative = prefix + name
-                if entry.is_dir(follow_symlinks=False):
-                    directories.append((relative + "/", entry.path))
-                    continue
-                linked = entry.is_symlink()
-                # the checks on a plain name are done in C; path_problem only for the rest
-                plain = name.isascii() and name.isprintable() and "\\" not in name
-                if not plain or len(relative) > MAX_PATH_CHARS:
-                    problem = path_problem(relative)
-                    if problem:
-                        raise _refuse(root, relative, problem)
-                info = (
-                    _linked_stat(root, top, relative, entry)
-                    if linked
-                    else entry.stat(follow_symlinks=False)
+def _scan_one(
+    root: Path, top: Path, prefix: str, directory: str, pending: list[tuple[str, str]]
+) -> _Directory | None:
+    """The files of one directory; its subdirectories are added to pending. Its names are
+    listed (os.listdir: no object per entry) and each lstat'ed once, which also says which
+    are directories; a directory of nothing but regular files is never looped over in
+    Python."""
+    names = os.listdir(directory)
+    names.sort()
+    base = directory + "/"
+    infos = list(map(os.lstat, map(base.__add__, names)))
+    linked = False
+    if not all(map(S_ISREG, map(_mode, infos))):
+        kept = []
+        for name, info in zip(names, infos, strict=True):
+            if S_ISDIR(info.st_mode):
+                pending.append((prefix + name + "/", base + name))
+            else:
+                kept.append((name, info))
+                linked = linked or S_ISLNK(info.st_mode)
+        names = [name for name, _ in kept]
+        infos = [info for _, info in kept]
+    if not names:
+        return None
+    together = prefix + "".join(names)
+    longest = len(prefix) + max(map(len, names))
+    if not (together.isascii() and together.isprintable() and "\\" not in together) or (
+        longest > MAX_PATH_CHARS
+    ):
+        for name in names:
+            problem = path_problem(prefix + name)
+            if problem:
+                raise _refuse(root, prefix + name, problem)
+    if linked:
+        infos = [
+            _linked_stat(root, top, prefix + name, base + name) if S_ISLNK(info.st_mode) else info
+            for name, info in zip(names, infos, strict=True)
+        ]
+    if not all(map(S_ISREG, map(_mode, infos))):
+        for name, info in zip(names, infos, strict=True):
+            if not S_ISREG(info.st_mode):
+                raise _refuse(
+                    root, prefix + name, "it is not a regular file (a device, pipe or socket)"
                 )
-                if not S_ISREG(info.st_mode):
-                    raise _refuse(
-                        root, relative, "it is not a regular file (a device, pipe or socket)"
-                    )
-                size = info.st_size
-                stats = (size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
-                found.append(_new(LocalFile, (relative, entry.path, size, _new(FileStat, stats))))
-    found.sort(key=_first)
-    return found
+    numbers: Sequence[int]
+    try:
+        numbers = array.array("q", chain.from_iterable(map(_stat_key, infos)))
+    except OverflowError:  # an inode or device past 2**63
+        numbers = list(chain.from_iterable(map(_stat_key, infos)))
+    return _Directory(prefix, directory, names, numbers)
 
 
 _new = tuple.__new__  # NamedTuple's own __new__ is a Python function: twice a file
-_first = itemgetter(0)  # a LocalFile's path
+_first = itemgetter(0)  # a LocalFile's path, a _Directory's prefix
+_mode = attrgetter("st_mode")
+_stat_key = attrgetter("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino", "st_dev")
 S_ISREG = stat.S_ISREG
+S_ISDIR = stat.S_ISDIR
+S_ISLNK = stat.S_ISLNK
 
 
-def _linked_stat(root: Path, top: Path, relative: str, entry: os.DirEntry[str]) -> os.stat_result:
+def _linked_stat(root: Path, top: Path, relative: str, path: str) -> os.stat_result:
     """The stat of the file a link inside root leads to; refuses a link to a directory,
     outside root or to nothing."""
-    if entry.is_dir():
+    if os.path.isdir(path):
         raise _refuse(
             root,
             relative,
             "it is a link to a directory; links to directories are not followed "
             "(copy the directory in, or push it as a dataset of its own)",
         )
-    target = Path(entry.path).resolve()
+    target = Path(path).resolve()
     if not target.is_relative_to(top):
         raise _refuse(root, relative, f"it is a link to {target}, outside the directory")
     if not target.exists():
@@ -287,29 +368,31 @@ class _Before:
     scan: tuple[str, int] | None = None  # the tree's scan digest, to record after the push
 
 
-def _before(datasets: DatasetsAPI, name: str, files: list[LocalFile], index: PushIndex) -> _Before:
-    """Compare the tree with the current version, by the push index alone (no file read)."""
-    scanned = [(f.path, f.stat) for f in files if f.stat is not None]
-    scan = scan_digest([p for p, _ in scanned], [s for _, s in scanned])
-    current = datasets.current(name)
+def _before(
+    tree: ScannedTree, current: DatasetCurrent | None, index: PushIndex
+) -> tuple[_Before, list[LocalFile] | None]:
+    """Compare the tree with the current version, by the push index alone (no file read);
+    and the tree's files when they had to be listed for that."""
+    scan = tree.digest()
     if current is None:
-        return _Before(scan=scan)
+        return _Before(scan=scan), None
     before = _Before(current.dataset.current_version, None, scan)
     if current.manifest_sha256 is None:
-        return before
+        return before, None
     if index.tree_manifest(*scan) == current.manifest_sha256:
         before.settled = current.dataset
-        return before
+        return before, None
+    files = tree.files()
     chunks = []
     for local in files:  # every file vouched for, each by its own entry
         refs = _from_index(local, index)
         if refs is None:
-            return before
+            return before, files
         chunks.append(refs)
     if _digest_of(files, chunks) == current.manifest_sha256:
         index.record_tree(*scan, current.manifest_sha256)
         before.settled = current.dataset
-    return before
+    return before, files
 
 
 def push_directory(
@@ -332,27 +415,36 @@ def push_directory(
     except InvalidInput as exc:
         raise DatasetError(exc.message) from None
     started = time.monotonic()
-    files = scan_directory(root)
-    total = sum(f.size for f in files)
+    before, files = _Before(), None
+    if index is None:
+        tree = scan_tree(root)
+    else:
+        # the server's current version is asked for while the tree is scanned
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="current") as asking:
+            asked = asking.submit(datasets.current, name)
+            tree = scan_tree(root)  # a refused tree's error wins over the answer's
+            current = asked.result()
+    total = tree.size
     if progress is not None:
-        progress.started(len(files), total)
-    before = _Before()
+        progress.started(tree.count, total)
     if index is not None:
-        before = _before(datasets, name, files, index)
+        before, files = _before(tree, current, index)
         if before.settled is not None:
             if progress is not None:
-                progress.advanced(len(files), total)
+                progress.advanced(tree.count, total)
             return PushResult(
                 dataset=before.settled,
                 push_id=None,
-                files=len(files),
+                files=tree.count,
                 size=total,
                 sent_chunks=0,
                 sent_bytes=0,
                 seconds=time.monotonic() - started,
-                index_hits=len(files),
+                index_hits=tree.count,
                 unchanged=True,
             )
+    if files is None:
+        files = tree.files()
     push = datasets.start_push(DatasetUploadCreate(name=name, files=len(files), bytes=total))
     queued: set[str] = set()  # chunks on their way in this push: send each once
     sent = [0, 0]
