@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+import fabric_support
 from processes import ADMIN_PASSWORD, Platform, running_platform
 
 RAY_ENV = {
@@ -37,6 +38,13 @@ FAST_DEATH = {
     "health_check_failure_threshold": 3,
 }
 MiB = 1024 * 1024
+# Every worker's job fabric (docs/ray.md): the veth parent of tests/fabric_support.py in the
+# namespace of this test process, which the fabric tests make (without it, and without a
+# server that sets GPULEASE_FABRIC_CIDR, nothing reads these).
+FABRIC_NODE_ENV = {
+    "GPULEASE_FABRIC_PARENT": fabric_support.PARENT,
+    "GPULEASE_FABRIC_NETNS": fabric_support.namespace_name(),
+}
 # Ray reads these when it is imported, and any test module may import it first.
 for _key, _value in RAY_ENV.items():
     os.environ.setdefault(_key, _value)
@@ -75,13 +83,16 @@ class RayCluster:
     def add_worker(
         self, name: str, gpus: int = 2, model: str = "A100-80GB", simulated: bool = True
     ) -> None:
-        self.workers[name] = self.cluster.add_node(
-            node_ip_address="127.0.0.1",
-            num_cpus=1,
-            num_gpus=gpus,
-            object_store_memory=80 * MiB,
-            resources=worker_resources(name, gpus, model, simulated),
-        )
+        """A worker node; its raylet (and so its runners) has the fabric settings of
+        FABRIC_NODE_ENV, used only by a server with GPULEASE_FABRIC_CIDR."""
+        with _environment(FABRIC_NODE_ENV):
+            self.workers[name] = self.cluster.add_node(
+                node_ip_address="127.0.0.1",
+                num_cpus=1,
+                num_gpus=gpus,
+                object_store_memory=80 * MiB,
+                resources=worker_resources(name, gpus, model, simulated),
+            )
 
     def kill_worker(self, name: str) -> None:
         """The node dies as a host would: its raylet and Ray workers are SIGKILLed, and so
@@ -147,16 +158,20 @@ ON_BOTH_BACKENDS = pytest.mark.parametrize(
 
 @contextmanager
 def running_ray_platform(
-    cluster: RayCluster, tmp_path: Path, database_url: str
+    cluster: RayCluster,
+    tmp_path: Path,
+    database_url: str,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[Platform]:
     """A gpulease server on the Ray backend of cluster (its nodes are the fleet; the server's
     host offers no GPUs), with the CLI logged in as admin, once its node inventory lists
-    the cluster's workers (the fleet reconciler's first ticks)."""
+    the cluster's workers (the fleet reconciler's first ticks). extra_env: more settings."""
     env = {
         "GPULEASE_BACKEND": "ray",
         "GPULEASE_RAY_ADDRESS": cluster.address,
         "GPULEASE_RAY_NODE_HOME": str(cluster.node_home),
         "GPULEASE_HEARTBEAT_TIMEOUT_S": "60",  # node death must be told by the fleet check
+        **(extra_env or {}),
     }
     with running_platform(tmp_path, database_url, "", env) as p:
         p.cli("login", "--server", p.url, "--name", "admin", "--password", ADMIN_PASSWORD)

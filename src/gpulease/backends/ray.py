@@ -26,7 +26,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -56,6 +56,11 @@ STALE_S = 5.0
 FORCE_KILL_AFTER_S = 5.0
 CALL_TIMEOUT_S = 10.0
 HEAD_OUTAGE_S = 7 * 24 * 3600
+# A node's job fabric (docs/ray.md), in the environment of its `ray start`: the NIC whose
+# macvlans carry its ranks' traffic, and the named network namespace it lives in (none: the
+# host's own).
+FABRIC_PARENT_ENV = "GPULEASE_FABRIC_PARENT"
+FABRIC_NETNS_ENV = "GPULEASE_FABRIC_NETNS"
 T = TypeVar("T")
 
 
@@ -146,6 +151,19 @@ def _delete_on_node(paths: list[str]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def with_node_fabric(spec: RunnerSpec, environ: Mapping[str, str]) -> RunnerSpec:
+    """spec with this node's fabric parent (FABRIC_PARENT_ENV, FABRIC_NETNS_ENV of environ)
+    on its fabric link; a spec without one as it is."""
+    if spec.fabric is None:
+        return spec
+    fabric = replace(
+        spec.fabric,
+        parent=environ.get(FABRIC_PARENT_ENV) or None,
+        parent_netns=environ.get(FABRIC_NETNS_ENV) or None,
+    )
+    return replace(spec, fabric=fabric)
+
+
 class RunnerActor:
     """Hosts one runner process on its node and lives exactly as long as that runner.
 
@@ -156,7 +174,7 @@ class RunnerActor:
     def __init__(self, spec_json: str) -> None:
         from gpulease.backends.local import LocalBackend
 
-        spec = RunnerSpec.from_json(spec_json)
+        spec = with_node_fabric(RunnerSpec.from_json(spec_json), os.environ)
         for path in (spec.workspace, spec.env_cache):
             path.mkdir(parents=True, exist_ok=True)
         self._local = LocalBackend()

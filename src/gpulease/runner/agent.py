@@ -29,7 +29,7 @@ from gpulease.runner.jobs import LEFTOVER_GRACE_S, STOP_GRACE_S, RunProcess, run
 from gpulease.runner.jupyter import JupyterLab
 from gpulease.runner.logs import LogBatcher
 from gpulease.runner.metrics import SDK_DIR, RunMetrics, prepare_run, sample_gpus, send_metrics
-from gpulease.runner.netns import InstanceNetwork
+from gpulease.runner.netns import InstanceNetwork, NetworkError
 from gpulease.runner.sandbox import (
     Sandbox,
     SandboxError,
@@ -233,6 +233,11 @@ class Agent:
         self._env_dir = env_dir
         with self._lock:
             jail = self._run_sandbox()
+        if jail is not None and jail.network is not None:  # a rank's fabric, too: fail here
+            try:
+                jail.network.ensure()
+            except NetworkError as exc:
+                raise SandboxError(f"the instance's network: {exc.message}") from exc
         # made in the sandbox as the job: the layer is the job's to write (envs/layer.py)
         self._layer_dir = ensure_layer(env_dir, self.spec.workspace, sandbox=jail)
         self._check_stop()
@@ -436,7 +441,7 @@ class Agent:
                 private=(self.spec.run_dir,),
                 bwrap=find_bwrap() or "bwrap",
                 uid=self.spec.sandbox_uid or instance_uid(self.spec.instance_id),
-                network=InstanceNetwork(f"i{self.spec.instance_id}"),
+                network=InstanceNetwork(f"i{self.spec.instance_id}", fabric=self.spec.fabric),
                 cgroup=instance_cgroup(
                     self.spec.instance_id,
                     self.spec.run_dir,

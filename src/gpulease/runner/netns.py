@@ -14,6 +14,13 @@ addresses, 0/8, 10/8, 100.64/10 (CGNAT), 127/8, 169.254/16 (link-local and the m
 service), 172.16/12, 192.168/16, multicast and reserved space, and all of IPv6 but loopback.
 DNS is allowed to port 53 of 10.0.2.3 and of the host's own resolvers (which may sit in a
 private range), nothing else there.
+
+A rank of a multi-node run on a job fabric (docs/ray.md) also gets the fabric interface
+(`fabric0`): a macvlan (mode bridge) of the node's fabric parent NIC, made in the parent's
+namespace and moved into this one with the rank's address, after the rules and before any
+job. On that interface the rules let through only the addresses of the rank's own gang,
+both ways and on any port; every other packet out is refused and every other packet in is
+dropped (other gangs, the host, the rest of the range). The macvlan goes with the namespace.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+from gpulease.schemas.runner import FabricLink
 
 log = logging.getLogger(__name__)
 
@@ -125,23 +134,42 @@ def sandbox_resolv_conf(resolv_conf: Path = Path("/etc/resolv.conf")) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ruleset(addresses: Iterable[str], nameservers: Iterable[str]) -> str:
+def ruleset(
+    addresses: Iterable[str], nameservers: Iterable[str], fabric: FabricLink | None = None
+) -> str:
     """The nftables rules loaded in an instance's namespace (see the module docstring).
-    A refused connection is reset at once, so a job fails fast instead of timing out."""
+    A refused connection is reset at once, so a job fails fast instead of timing out.
+    With fabric: on its interface, the gang's peers only, both ways."""
     blocked = ", ".join([*BLOCKED_RANGES, *sorted(set(addresses))])
     dns = ", ".join(sorted({DNS_FORWARDER, *nameservers}))
+    fabric_out = fabric_in = ""
+    if fabric is not None:
+        link = json.dumps(fabric.interface)  # a quoted nft string
+        peers = ", ".join(sorted(set(fabric.peers)))
+        if peers:
+            fabric_out = f"        oifname {link} ip daddr {{ {peers} }} accept\n"
+            fabric_in = f"        iifname {link} ip saddr {{ {peers} }} accept\n"
+        fabric_out += (
+            f"        oifname {link} meta l4proto tcp reject with tcp reset\n"
+            f"        oifname {link} reject with icmpx type admin-prohibited\n"
+        )
+        fabric_in = f"""    chain input {{
+        type filter hook input priority 0; policy accept;
+{fabric_in}        iifname {link} drop
+    }}
+"""
     return f"""flush ruleset
 table inet gpulease {{
     chain output {{
         type filter hook output priority 0; policy accept;
         oif "lo" accept
-        ip daddr {{ {dns} }} udp dport 53 accept
+{fabric_out}        ip daddr {{ {dns} }} udp dport 53 accept
         ip daddr {{ {dns} }} tcp dport 53 accept
         meta nfproto ipv6 reject with icmpv6 type admin-prohibited
         ip daddr {{ {blocked} }} meta l4proto tcp reject with tcp reset
         ip daddr {{ {blocked} }} reject with icmp type admin-prohibited
     }}
-}}
+{fabric_in}}}
 """
 
 
@@ -190,9 +218,10 @@ class InstanceNetwork:
     pipe only the runner holds), so no process outlives the runner; a namespace file left by
     a dead runner is removed by the next ensure() on the host."""
 
-    def __init__(self, name: str, root: Path = NETNS_DIR) -> None:
+    def __init__(self, name: str, root: Path = NETNS_DIR, fabric: FabricLink | None = None) -> None:
         self.name = name
         self.root = root
+        self.fabric = fabric
         self.path = root / f"{name}-{os.getpid()}"
         self.resolv_conf = root / f"{name}-{os.getpid()}.resolv.conf"
         self._lock = threading.Lock()
@@ -244,13 +273,15 @@ class InstanceNetwork:
             ) from exc
         _run([tools["unshare"], f"--net={self.path}", "true"])
         self._load_rules(host_addresses())
+        if self.fabric is not None:
+            attach_fabric(self.fabric, self.path)
         self._start_slirp(tools["slirp4netns"])
         log.info("network %s is up (slirp4netns pid %d)", self.path, self._pid())
 
     def _load_rules(self, addresses: list[str]) -> None:
         """Replace the namespace's rules at once (`flush ruleset` and the new table are one
         nft transaction: there is no moment without rules)."""
-        rules = ruleset(addresses, host_nameservers())
+        rules = ruleset(addresses, host_nameservers(), self.fabric)
         nft = find_tool("nft") or "nft"
         nsenter = find_tool("nsenter") or "nsenter"
         _run([nsenter, f"--net={self.path}", "--", nft, "-f", "-"], stdin=rules)
@@ -339,6 +370,57 @@ class InstanceNetwork:
             except subprocess.TimeoutExpired:
                 self._slirp.kill()
                 self._slirp.wait()
+
+
+def attach_fabric(fabric: FabricLink, namespace: Path) -> None:
+    """Give the namespace bound at `namespace` its fabric interface: a macvlan (mode bridge)
+    of fabric.parent, made in the parent's namespace under a name of this runner's own,
+    moved in, renamed to fabric.interface and brought up with fabric.address. NetworkError
+    (the rank does not start) when the node names no parent or has no such interface."""
+    if not fabric.parent:
+        raise NetworkError(
+            "this rank's multi-node run talks over the job fabric, but this node names no "
+            "fabric parent: set GPULEASE_FABRIC_PARENT (the interface of the cluster's "
+            "private network) in the environment of `ray start` on this node"
+        )
+    ip = find_tool("ip")
+    if ip is None:
+        raise NetworkError("ip not found; on Debian/Ubuntu: apt-get install iproute2")
+    outside = [ip, "-n", fabric.parent_netns] if fabric.parent_netns else [ip]
+    where = f" in network namespace {fabric.parent_netns}" if fabric.parent_netns else ""
+    try:
+        _run([*outside, "link", "show", "dev", fabric.parent])
+    except NetworkError as exc:
+        raise NetworkError(
+            f"the job fabric's parent interface {fabric.parent} (GPULEASE_FABRIC_PARENT) is "
+            f"not on this node{where}: {exc.message}; set GPULEASE_FABRIC_PARENT (and "
+            "GPULEASE_FABRIC_NETNS) of this node to its fabric NIC"
+        ) from exc
+    made = f"gf{os.getpid()}"  # unique among the node's runners, 15 characters at most
+    with contextlib.suppress(NetworkError):  # left by a crashed runner of the same pid
+        _run([*outside, "link", "delete", made])
+    _run(
+        [*outside, "link", "add", "link", fabric.parent, "name", made, "type", "macvlan"]
+        + ["mode", "bridge"]
+    )
+    try:
+        _run([*outside, "link", "set", made, "netns", str(namespace)])
+    except NetworkError:
+        with contextlib.suppress(NetworkError):
+            _run([*outside, "link", "delete", made])
+        raise
+    nsenter = find_tool("nsenter") or "nsenter"
+    inside = [nsenter, f"--net={namespace}", "--", ip]
+    _run([*inside, "link", "set", made, "name", fabric.interface])
+    _run([*inside, "address", "add", fabric.address, "dev", fabric.interface])
+    _run([*inside, "link", "set", fabric.interface, "up"])
+    log.info(
+        "fabric %s (%s on %s) is up in %s",
+        fabric.interface,
+        fabric.address,
+        fabric.parent,
+        namespace,
+    )
 
 
 def kill_members(namespace: Path, proc: Path = Path("/proc")) -> int:
