@@ -20,9 +20,19 @@ import bisect
 import heapq
 import itertools
 import math
+import operator
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import (
+    Callable,
+    Collection,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from dataclasses import dataclass, field
+from typing import Any
 
 from gpulease.scheduler.model import (
     PLAN_RANK,
@@ -42,21 +52,25 @@ POLICIES = ("fifo", "backfill", "default", "las", "srtf")
 INF = math.inf
 
 
-@dataclass(slots=True)
-class _End:
-    """When GPUs come back: `count` of `model` on each of `node_ids`, at `at`; `start` is
-    when the instance started (None: it is already stopping)."""
+class _Gpus:
+    """GPUs that a start in this tick (or in the forward simulation) gives back at its
+    expected end: `count` of `model` on each of `node_ids`. A Running is read the same way."""
 
-    at: float
-    model: str
-    node_ids: tuple[int, ...]
-    count: int
-    owner: str
-    team: str | None
-    start: float | None = None
+    __slots__ = ("model", "node_ids", "count", "owner", "team")
 
-    def __lt__(self, other: _End) -> bool:
-        return self.at < other.at
+    def __init__(
+        self, model: str, node_ids: tuple[int, ...], count: int, owner: str, team: str | None
+    ) -> None:
+        self.model, self.node_ids, self.count, self.owner, self.team = (
+            model,
+            node_ids,
+            count,
+            owner,
+            team,
+        )
+
+
+_End = tuple[float, int, "Running | _Gpus"]  # (when, sequence number, what gives GPUs back)
 
 
 @dataclass(slots=True)
@@ -67,50 +81,43 @@ class _Pass:
     why: dict[int, str] = field(default_factory=dict)
 
 
-class _Ends:
-    """Expected ends in time order: the running set's (kept sorted by its owner) merged
-    with those of instances started during this tick."""
-
-    def __init__(self, running: RunningSet) -> None:
-        self.running = running
-        self.extra: list[_End] = []
-
-    def add(self, end: _End) -> None:
-        bisect.insort(self.extra, end)
-
-    def __iter__(self) -> Iterator[_End]:
-        by_id = self.running.by_id
-
-        def base() -> Iterator[_End]:
-            for at, rid in self.running.ends:
-                r = by_id[rid]
-                start = None if r.stopping else r.start
-                yield _End(at, r.model, r.node_ids, r.count, r.owner, r.team, start)
-
-        return heapq.merge(base(), self.extra)
-
-
 class _Timeline:
-    """Expected ends in time order as a sorted list read from `head` on: the forward
-    simulation takes them from the front, adds new ones in place, and a reservation reads
-    them in order without sorting anything."""
+    """Expected ends in time order as a sorted list of (at, sequence number, holder), read
+    from `head` on: the forward simulation takes them from the front and adds new ones in
+    place; a reservation reads them in order without sorting anything. The sequence
+    numbers are distinct, so holders are never compared (ends at one instant are always
+    taken together, so their order among themselves changes nothing)."""
 
     __slots__ = ("items", "head")
 
-    def __init__(self, ends: Iterable[_End], now: float) -> None:
-        # An instance past its expected end has run longer than its declared or learned
-        # duration said: it is expected to run about as long again as it has so far (the
-        # median rest of a heavy-tailed duration), not to end this instant.
-        self.items: list[tuple[float, int, _End]] = []
-        overdue = False
-        for k, e in enumerate(ends):
-            if e.at < now and e.start is not None and e.start < now:
-                e = replace(e, at=now + (now - e.start))
-                overdue = True
-            self.items.append((e.at, k, e))
-        if overdue:
-            self.items.sort()
+    def __init__(self, items: list[_End]) -> None:
+        self.items = items
         self.head = 0
+
+    @classmethod
+    def of(cls, running: RunningSet) -> _Timeline:
+        """The running instances' expected ends as declared or learned (for decisions)."""
+        by_id = running.by_id
+        return cls([(at, k, by_id[rid]) for k, (at, rid) in enumerate(running.ends)])
+
+    def ahead(self, starts: Iterable[tuple[Request, tuple[int, ...]]], now: float) -> _Timeline:
+        """The timeline of the forward simulation: these ends, those of the requests that
+        start now, and an instance past its expected end (it has run longer than its
+        declared or learned duration said) expected to run about as long again as it has
+        so far (the median rest of a heavy-tailed duration), not to end this instant."""
+        items = list(self.items)
+        seq = len(items)
+        for k in range(bisect.bisect_left(items, (now,))):  # the ends before now
+            _, _, r = items[k]
+            if isinstance(r, Running) and not r.stopping and r.start < now:
+                items[k] = (now + (now - r.start), k, r)
+        for req, node_ids in starts:
+            if req.duration is not None and req.count:
+                gpus = _Gpus(req.model, node_ids, req.count, req.owner, req.team)
+                items.append((now + req.duration, seq, gpus))
+                seq += 1
+        items.sort()
+        return _Timeline(items)
 
     def __bool__(self) -> bool:
         return self.head < len(self.items)
@@ -118,29 +125,57 @@ class _Timeline:
     def first(self) -> float:
         return self.items[self.head][0]
 
-    def pop(self) -> _End:
+    def pop(self) -> Running | _Gpus:
         self.head += 1
         return self.items[self.head - 1][2]
 
-    def push(self, at: float, seq: int, end: _End) -> None:
-        bisect.insort(self.items, (at, seq, end), lo=self.head)
+    def push(self, at: float, seq: int, gpus: _Gpus) -> None:
+        bisect.insort(self.items, (at, seq, gpus), lo=self.head)
 
-    def __iter__(self) -> Iterator[_End]:
-        items = self.items
-        return (items[k][2] for k in range(self.head, len(items)))
+    def upcoming(self) -> Iterator[_End]:
+        return itertools.islice(self.items, self.head, None)
+
+
+class _Reservation:
+    """A blocked request's reserved start (`at`) and the GPUs of its model each node will
+    still have spare then, once it holds its own: `spare[n]` where that differs from the
+    free GPUs now, else `free[n]` (the free map's live counts; a start records a node's
+    spare count before it takes GPUs there, so an unrecorded node is as it was)."""
+
+    __slots__ = ("at", "spare", "free")
+
+    def __init__(self, at: float, spare: dict[int, int], free: Mapping[int, int]) -> None:
+        self.at, self.spare, self.free = at, spare, free
+
+    def left(self, node_id: int) -> int:
+        spare = self.spare.get(node_id)
+        return self.free.get(node_id, 0) if spare is None else spare
+
+    def hold(self, node_ids: Iterable[int], count: int) -> None:
+        """A start that ends after the reserved start takes `count` on each of `node_ids`."""
+        for n in node_ids:
+            self.spare[n] = self.left(n) - count
+
+    def record(self, node_ids: Iterable[int]) -> None:
+        """A start that ends before the reserved start is about to take GPUs on `node_ids`:
+        keep their spare counts as they are."""
+        for n in node_ids:
+            if n not in self.spare:
+                self.spare[n] = self.free.get(n, 0)
 
 
 class _Within:
     """The nodes a backfilled request may take without delaying a reservation: those that
     will still have `count` GPUs spare at the reserved start (and that it may run on)."""
 
-    __slots__ = ("spare", "count", "allowed")
+    __slots__ = ("reservation", "count", "allowed")
 
-    def __init__(self, spare: dict[int, int], count: int, allowed: frozenset[int] | None):
-        self.spare, self.count, self.allowed = spare, count, allowed
+    def __init__(self, reservation: _Reservation, count: int, allowed: frozenset[int] | None):
+        self.reservation, self.count, self.allowed = reservation, count, allowed
 
     def __contains__(self, node_id: object) -> bool:
-        return self.spare.get(node_id, 0) >= self.count and (  # type: ignore[call-overload]
+        assert isinstance(node_id, int)
+        return self.reservation.left(node_id) >= self.count and (
             self.allowed is None or node_id in self.allowed
         )
 
@@ -158,12 +193,12 @@ def schedule(
         raise ValueError(f"unknown policy {config.policy!r}; choose one of {', '.join(POLICIES)}")
     free = state.free.copy()
     order = _order(state.queue, state.usage, config)
-    ends = _Ends(state.running)
+    timeline = _Timeline.of(state.running)
     held_user: dict[str, int] = defaultdict(int, state.running.held_user)
     held_team: dict[str, int] = defaultdict(int, state.running.held_team)
     decisions = Decisions()
     result = _greedy(
-        free, ends, order, now, config, held_user, held_team, state.node_ids, explain is None
+        free, timeline, order, now, config, held_user, held_team, state.node_ids, explain is None
     )
     started = {req.id for req, _ in result.starts}
     if config.policy in ("default", "las", "srtf") and (
@@ -172,29 +207,59 @@ def schedule(
         _preempt(state.running, free, order, started, now, config, result, decisions)
     decisions.starts = [Start(req.id, nodes) for req, nodes in result.starts]
     waiting = [req for req in order if req.id not in started]
-    wanted = [r for r in waiting if explain is None or r.id in explain]
+    wanted = waiting if explain is None else [r for r in waiting if r.id in explain]
     if not wanted:
         return decisions
-    for req, node_ids in result.starts:
-        if req.duration is not None and req.count:
-            ends.add(_End(now + req.duration, req.model, node_ids, req.count, req.owner, req.team))
-    etas = _forward(free, ends, waiting, now, config, held_user, held_team, state.node_ids, wanted)
-    positions: dict[str, int] = defaultdict(int)
-    want_ids = None if explain is None else {r.id for r in wanted}
-    why, out = result.why, decisions.waiting
+    etas = _forward(
+        free,
+        timeline.ahead(result.starts, now),
+        waiting,
+        now,
+        config,
+        held_user,
+        held_team,
+        state.node_ids,
+        None if explain is None else wanted,
+    )
+    _explain(
+        waiting,
+        None if explain is None else {r.id for r in wanted},
+        result.why,
+        etas,
+        free,
+        decisions.waiting,
+    )
+    return decisions
+
+
+def _explain(
+    waiting: list[Request],
+    wanted: set[int] | None,
+    why: dict[int, str],
+    etas: dict[int, float],
+    free: FreeMap,
+    out: dict[int, Waiting],
+) -> None:
+    """Word why each waiting request (of `wanted`; None: all) waits, with its place in
+    its model's queue and its ETA, into `out`."""
+    positions: dict[str, int] = {}
     needs: dict[tuple[str, int, int], str] = {}  # the same words for the same shape
     for req in waiting:
-        place = positions[req.model] = positions[req.model] + 1
-        if want_ids is not None and req.id not in want_ids:
+        model = req.model
+        place = positions[model] = positions.get(model, 0) + 1
+        rid = req.id
+        if wanted is not None and rid not in wanted:
             continue
-        reason = why.get(req.id)
+        reason = why.get(rid)
         if not reason:
-            shape = (req.model, req.count, req.nodes)
+            shape = (model, req.count, req.nodes)
             reason = needs.get(shape) or needs.setdefault(shape, _needs(req, free))
         if place > 1:
-            reason += f"; {place - 1} request{'s' if place != 2 else ''} ahead of you"
-        out[req.id] = Waiting(req.id, place, reason, etas.get(req.id))
-    return decisions
+            reason += f"; {place - 1} requests ahead of you" if place > 2 else _ONE_AHEAD
+        out[rid] = Waiting(rid, place, reason, etas.get(rid))
+
+
+_ONE_AHEAD = "; 1 request ahead of you"
 
 
 def policy_order(
@@ -210,22 +275,39 @@ def _order(queue: Sequence[Request], usage: Mapping[str, float], config: Config)
     policy = config.policy
     if policy in ("fifo", "backfill"):
         return list(queue)  # the queue comes in arrival order
+    if policy == "srtf":
+        return sorted(queue, key=lambda r: (_remaining(r), r.arrival, r.id))
+    # default and las: a few classes, each in (arrival, id) order. Sorting on the whole key
+    # would compare the many requests of one class on all of it; instead the queue is put
+    # in (arrival, id) order (two sorts on a C key, next to free on a queue that comes in
+    # arrival order) and dealt into its classes, which are then taken in order.
+    by_arrival = sorted(queue, key=_BY_ID)
+    by_arrival.sort(key=_BY_ARRIVAL)
+    classes: dict[Any, list[Request]] = {}
     if policy == "default":
-        share = usage
-        return sorted(
-            queue,
-            key=lambda r: (
-                PLAN_RANK.get(r.plan, 1),
-                -r.priority,
-                share.get(r.owner, 0.0),
-                r.arrival,
-                r.id,
-            ),
-        )
-    if policy == "las":
+        # a class is (plan rank, -priority, fair share): one per plan, priority and owner
+        rank, share = PLAN_RANK.get, usage.get
+        of: dict[tuple[str, int, str], list[Request]] = {}
+        for r in by_arrival:
+            members = of.get((r.plan, r.priority, r.owner))
+            if members is None:
+                key = (rank(r.plan, 1), -r.priority, share(r.owner, 0.0))
+                members = of[r.plan, r.priority, r.owner] = classes.setdefault(key, [])
+            members.append(r)
+    else:
         th = config.las_thresholds
-        return sorted(queue, key=lambda r: (bisect.bisect(th, r.attained), r.arrival, r.id))
-    return sorted(queue, key=lambda r: (_remaining(r), r.arrival, r.id))
+        for r in by_arrival:
+            classes.setdefault(bisect.bisect(th, r.attained), []).append(r)
+    if len(classes) == 1:
+        return by_arrival
+    out: list[Request] = []
+    for key in sorted(classes):
+        out += classes[key]
+    return out
+
+
+_BY_ID = operator.attrgetter("id")
+_BY_ARRIVAL = operator.attrgetter("arrival")
 
 
 def _remaining(r: Request | Running, now: float = 0.0) -> float:
@@ -267,9 +349,7 @@ def _needs(req: Request, free: FreeMap) -> str:
     return f"needs {req.count} × {req.model} on one node; the largest free block is {largest}"
 
 
-def _reserve(
-    free: FreeMap, ends: Iterable[_End], req: Request, now: float
-) -> tuple[float, dict[int, int]] | None:
+def _reserve(free: FreeMap, timeline: _Timeline, req: Request, now: float) -> _Reservation | None:
     """The earliest time the running instances' expected ends leave room for `req`, and
     the GPUs of its model each node will still have spare then once `req` holds its own.
     None when no known end ever makes room.
@@ -283,12 +363,12 @@ def _reserve(
     ok = {n for n in free.at_least(model, count) if allowed is None or n in allowed}
     pending: float | None = None
     changed = True  # whether `ok` may have grown since the last look
-    for e in ends:
-        if pending is not None and e.at != pending and changed:
+    for at, _, e in timeline.upcoming():
+        if pending is not None and at != pending and changed:
             if len(ok) >= req.nodes:
-                return _spare(base, added, ok, req, max(pending, now))
+                return _reservation(base, added, ok, req, max(pending, now))
             changed = False
-        pending = e.at
+        pending = at
         if e.model == model:
             for n in e.node_ids:
                 got = added[n] = added.get(n, 0) + e.count
@@ -297,24 +377,28 @@ def _reserve(
                     ok.add(n)
                     changed = True
     if pending is not None and len(ok) >= req.nodes:
-        return _spare(base, added, ok, req, max(pending, now))
+        return _reservation(base, added, ok, req, max(pending, now))
     return None
 
 
-def _spare(
+def _reservation(
     base: Mapping[int, int], added: dict[int, int], ok: set[int], req: Request, at: float
-) -> tuple[float, dict[int, int]]:
-    spare = dict(base)
-    for n, got in added.items():
-        spare[n] = spare.get(n, 0) + got
-    for n in sorted(ok, key=lambda n: (spare[n], n))[: req.nodes]:
-        spare[n] -= req.count
-    return at, spare
+) -> _Reservation:
+    spare = {n: base.get(n, 0) + got for n, got in added.items()}
+    reservation = _Reservation(at, spare, base)
+    left = reservation.left
+    if req.nodes == 1:
+        n = min(ok, key=lambda n: (left(n), n))
+        spare[n] = left(n) - req.count
+    else:
+        for n in heapq.nsmallest(req.nodes, ok, key=lambda n: (left(n), n)):
+            spare[n] = left(n) - req.count
+    return reservation
 
 
 def _greedy(
     free: FreeMap,
-    ends: Iterable[_End],
+    timeline: _Timeline,
     order: Iterable[Request],
     now: float,
     config: Config,
@@ -330,75 +414,108 @@ def _greedy(
     policy = config.policy
     easy = policy in ("backfill", "default")
     out = _Pass()
+    if budget is not None and budget <= 0:
+        return out
+    starts, why = out.starts, out.why
     blocked: set[str] = set()
     heads: dict[str, Request] = {}  # the first blocked request per model (EASY)
-    reserved: dict[str, tuple[float, dict[int, int]]] = {}
+    reserved: dict[str, _Reservation] = {}
     # (model, count, nodes) that found no node within the reservation's spare GPUs since
     # the last start: the next request of that shape finds none either (a start clears it)
     hopeless: dict[tuple[str, int, int], str] = {}  # -> the reason, worded once
     models = set(free.models())
+    total, largest, fit = free.total, free.largest, free.fit
+    quotas = _has_quotas(config)
+    gpus_left = True  # (when not explaining) whether a GPU request may still start
     for req in order:
-        if budget is not None and len(out.starts) >= budget:
-            break
-        model = req.model
-        if req.count == 0:  # CPU only: any allowed node, its home first
+        model, count = req.model, req.count
+        if not count:  # CPU only: any allowed node, its home first
             allowed = [n for n in node_ids if req.allowed is None or n in req.allowed]
             if allowed:
-                out.starts.append((req, (req.home if req.home in allowed else min(allowed),)))
+                starts.append((req, (req.home if req.home in allowed else min(allowed),)))
+                if budget is not None and len(starts) >= budget:
+                    break
             elif explain_all:
-                out.why[req.id] = "needs a node that can run its template; none is ready"
+                why[req.id] = "needs a node that can run its template; none is ready"
             continue
-        if model in blocked or (not explain_all and free.total(model) == 0):
-            if not explain_all and all(m in blocked or not free.total(m) for m in models):
-                break
+        if not gpus_left:
+            continue
+        if model in blocked:
+            if not explain_all and all(m in blocked or not total(m) for m in models):
+                if budget is not None:  # the forward pass: its CPU-only requests never fit
+                    break
+                gpus_left = False  # nothing more can start but CPU-only requests
+            continue
+        free_now = total(model)
+        if not free_now and not explain_all:
+            if all(m in blocked or not total(m) for m in models):
+                if budget is not None:
+                    break
+                gpus_left = False
             continue
         nodes = None
-        if free.total(model) >= req.gpus and free.largest(model) >= req.count:
-            refusal = _quota_refusal(req, config, held_user, held_team)
-            if refusal is not None:
-                out.why[req.id] = refusal
-                continue
-            nodes = free.fit(model, req.count, req.nodes, req.allowed, req.home)
+        gpus = count * req.nodes
+        if free_now >= gpus and largest(model) >= count:
+            if quotas:
+                refusal = _quota_refusal(req, config, held_user, held_team)
+                if refusal is not None:
+                    why[req.id] = refusal
+                    continue
+            nodes = fit(model, count, req.nodes, req.allowed, req.home)
         if nodes is None:
             if policy == "fifo":
                 blocked.add(model)
             elif easy and model not in heads:
                 heads[model] = req
             continue
+        reservation = None
         if model in heads:
-            if model not in reserved:
-                got = _reserve(free, ends, heads[model], now)
-                if got is None:  # no known end makes room: hold the model as FIFO does
+            reservation = reserved.get(model)
+            if reservation is None:
+                reservation = _reserve(free, timeline, heads[model], now)
+                if reservation is None:  # no known end makes room: hold the model as FIFO
                     blocked.add(model)
-                    out.why[req.id] = _behind_unknown(heads[model])
+                    why[req.id] = _behind_unknown(heads[model])
                     continue
-                reserved[model] = got
-            shadow, spare = reserved[model]
+                reserved[model] = reservation
             end = now + req.duration if req.duration is not None else INF
-            if end > shadow:
-                shape = (model, req.count, req.nodes)
+            if end > reservation.at:
+                shape = (model, count, req.nodes)
                 if req.allowed is None and shape in hopeless:
                     nodes = None
                 else:
-                    within = _Within(spare, req.count, req.allowed)
-                    nodes = free.fit(model, req.count, req.nodes, within, req.home)
+                    within = _Within(reservation, count, req.allowed)
+                    nodes = fit(model, count, req.nodes, within, req.home)
                 if nodes is None:
-                    out.why[req.id] = hopeless.get(shape) or (
-                        f"{req.count} × {model} are free, but taking them would delay the "
+                    why[req.id] = hopeless.get(shape) or (
+                        f"{count} × {model} are free, but taking them would delay the "
                         "reserved start of a request ahead of it"
                     )
                     if req.allowed is None:
-                        hopeless[shape] = out.why[req.id]
+                        hopeless[shape] = why[req.id]
                     continue
-                for n in nodes:
-                    spare[n] -= req.count
-        free.take(model, nodes, req.count)
-        hopeless.clear()
-        held_user[req.owner] += req.gpus
+                reservation.hold(nodes, count)
+            else:
+                reservation.record(nodes)
+        free.take(model, nodes, count)
+        if hopeless:
+            hopeless.clear()
+        held_user[req.owner] += gpus
         if req.team is not None:
-            held_team[req.team] += req.gpus
-        out.starts.append((req, nodes))
+            held_team[req.team] += gpus
+        starts.append((req, nodes))
+        if budget is not None and len(starts) >= budget:
+            break
     return out
+
+
+def _has_quotas(config: Config) -> bool:
+    return bool(
+        config.user_quota
+        or config.team_quota
+        or config.default_user_quota is not None
+        or config.default_team_quota is not None
+    )
 
 
 def _behind_unknown(head: Request) -> str:
@@ -492,65 +609,73 @@ def _lower(r: Running, req: Request, now: float, config: Config) -> bool:
 
 def _forward(
     free: FreeMap,
-    ends: Iterable[_End],
+    timeline: _Timeline,
     waiting: list[Request],
     now: float,
     config: Config,
     held_user: dict[str, int],
     held_team: dict[str, int],
     node_ids: Sequence[int],
-    wanted: Sequence[Request],
+    wanted: Sequence[Request] | None,
 ) -> dict[int, float]:
-    """ETAs: replay the queue forward over the expected ends of what runs (no new
-    arrivals, non-preemptive), with the same greedy pass at each end."""
+    """ETAs of `wanted` (None: every waiting request): replay the queue forward over the
+    expected ends of what runs (no new arrivals, non-preemptive), with the same greedy
+    pass at each end."""
     free = free.copy()
     held_user, held_team = defaultdict(int, held_user), defaultdict(int, held_team)
-    timeline = _Timeline(ends, now)
     seq = len(timeline.items)
-    todo = {r.id for r in wanted}
+    todo = None if wanted is None else {r.id for r in wanted}
     etas: dict[int, float] = {}
     queue = list(waiting)
-    gone: set[int] = set()  # started in the simulation; dropped from `queue` now and then
-    lo = 0  # queue[:lo] has all started
+    gone: set[int] = set()  # started in the simulation (dropped from `queue` once passed)
+    left = len(queue)  # requests not started yet
     budget = config.eta_events
-    while todo and timeline and len(queue) > len(gone) and budget > 0:
-        while lo < len(queue) and queue[lo].id in gone:
-            lo += 1
+    # With every request wanted, some is still to start exactly while one is left.
+    while (todo is None or todo) and timeline and left and budget > 0:
         at = timeline.first()
         while timeline and timeline.first() <= at:
             e = timeline.pop()
+            gpus = e.count * len(e.node_ids)
             free.give(e.model, e.node_ids, e.count)
-            held_user[e.owner] -= e.count * len(e.node_ids)
+            held_user[e.owner] -= gpus
             if e.team is not None:
-                held_team[e.team] -= e.count * len(e.node_ids)
+                held_team[e.team] -= gpus
+        when = max(at, now)
+        rest = _alive(queue, gone)
         step = _greedy(
-            free,
-            timeline,
-            _alive(queue, gone, lo),
-            max(at, now),
-            config,
-            held_user,
-            held_team,
-            node_ids,
-            False,
-            budget,
+            free, timeline, rest, when, config, held_user, held_team, node_ids, False, budget
         )
+        rest.close()
         if not step.starts:
             continue
         budget -= len(step.starts)
+        left -= len(step.starts)
         for req, nodes in step.starts:
             gone.add(req.id)
-            etas[req.id] = max(at, now)
-            todo.discard(req.id)
+            etas[req.id] = when
+            if todo is not None:
+                todo.discard(req.id)
             if req.duration is not None and req.count:
-                end = max(at, now) + req.duration
                 seq += 1
-                timeline.push(end, seq, _End(end, req.model, nodes, req.count, req.owner, req.team))
-        if len(gone) >= max(64, len(queue) // 16):
-            queue = [r for r in queue if r.id not in gone]
-            gone, lo = set(), 0
+                gpus_back = _Gpus(req.model, nodes, req.count, req.owner, req.team)
+                timeline.push(when + req.duration, seq, gpus_back)
     return etas
 
 
-def _alive(queue: list[Request], gone: set[int], lo: int) -> Iterator[Request]:
-    return (r for r in itertools.islice(queue, lo, None) if r.id not in gone)
+def _alive(queue: list[Request], gone: set[int]) -> Generator[Request, None, None]:
+    """The requests of `queue` not in `gone`, in order. Those in `gone` that it passes over
+    are dropped from `queue` as it goes (the rest moved up in place, the gap closed when
+    it is closed), so that no later pass walks over them again."""
+    kept = i = 0
+    n = len(queue)
+    try:
+        while i < n:
+            r = queue[i]
+            i += 1
+            if r.id in gone:
+                continue
+            queue[kept] = r
+            kept += 1
+            yield r
+    finally:
+        del queue[kept:i]
