@@ -7,7 +7,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from gpulease.server import db
-from gpulease.server.db import make_engine, make_sessionmaker, transaction, unsynced
+from gpulease.server.db import make_engine, make_sessionmaker, read_only, transaction, unsynced
 
 
 def test_an_unsynced_transaction_leaves_its_connection_synced_again(database_url: str) -> None:
@@ -61,3 +61,33 @@ def test_a_connection_dropped_while_idle_is_replaced_and_a_warm_one_is_not_pinge
     finally:
         engine.dispose()
         admin.dispose()
+
+
+def test_a_read_only_transaction_takes_no_write_lock_and_no_round_trips(
+    database_url: str,
+) -> None:
+    """db.read_only: on SQLite a deferred BEGIN, which reads while another connection holds
+    the write lock (BEGIN IMMEDIATE would wait for it); on PostgreSQL autocommit, each
+    statement its own transaction (no BEGIN or COMMIT to send)."""
+    engine = make_engine(database_url)
+    readers = make_sessionmaker(read_only(engine))
+    try:
+        if engine.dialect.name == "sqlite":
+            with engine.connect() as writer:
+                writer.execute(text("UPDATE users SET name = name"))  # holds the write lock
+                with transaction(readers) as session:
+                    assert session.execute(text("SELECT count(*) FROM users")).scalar() == 0
+                writer.rollback()
+        else:
+            with transaction(readers) as session:
+                first, second = (
+                    session.execute(text("SELECT txid_current()")).scalar() for _ in range(2)
+                )
+            assert first != second
+            with transaction(make_sessionmaker(engine)) as session:
+                first, second = (
+                    session.execute(text("SELECT txid_current()")).scalar() for _ in range(2)
+                )
+            assert first == second
+    finally:
+        engine.dispose()

@@ -44,7 +44,8 @@ def make_engine(url: str) -> Engine:
         @event.listens_for(engine, "connect")
         def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
             # Our own BEGIN IMMEDIATE (below): writers queue on the lock instead of failing
-            # with "database is locked" when a read transaction later wants to write.
+            # with "database is locked" when a read transaction later wants to write; only
+            # a read_only() transaction begins deferred, without the lock.
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
@@ -57,7 +58,8 @@ def make_engine(url: str) -> Engine:
             if conn.get_execution_options().get(UNSYNCED):  # set outside a transaction only
                 conn.exec_driver_sql("PRAGMA synchronous=NORMAL")
                 conn.connection.info[UNSYNCED] = True
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            deferred = conn.get_execution_options().get(READ_ONLY)
+            conn.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
         @event.listens_for(engine, "checkin")
         def _sqlite_checkin(dbapi_conn: Any, record: Any) -> None:
@@ -112,6 +114,20 @@ def unsynced(engine: Engine) -> Engine:
     database server may undo them). For data that may lose its last second, such as metric
     points; never for money."""
     return engine.execution_options(**{UNSYNCED: True})
+
+
+# An execution option: see read_only().
+READ_ONLY = "gpulease_read_only"
+
+
+def read_only(engine: Engine) -> Engine:
+    """The engine for transactions that only read (and must not write): on SQLite a deferred
+    BEGIN, which takes no write lock, so that it neither waits for a writer nor makes one
+    wait; on PostgreSQL no transaction at all (autocommit: each statement reads on its own,
+    without the round trips of BEGIN and COMMIT)."""
+    if engine.dialect.name == "sqlite":
+        return engine.execution_options(**{READ_ONLY: True})
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

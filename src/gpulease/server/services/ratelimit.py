@@ -25,11 +25,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import HTTPException
-from sqlalchemy import delete, select
+from sqlalchemy import ColumnElement, delete, exists, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
 from gpulease.core.errors import GpuleaseError
-from gpulease.server.db import transaction
+from gpulease.server.db import make_sessionmaker, read_only, transaction
 from gpulease.server.orm import ApiToken, AuthAttempt
 from gpulease.server.security import TOKEN_PREFIX
 from gpulease.server.settings import Settings
@@ -117,6 +117,7 @@ class AuthGuard:
         window = timedelta(seconds=settings.auth_window_s)
         self.window = window
         self.sessions = sessions
+        self.readers = make_sessionmaker(read_only(sessions.kw["bind"]))
         self.clock = clock
         subject, address = AuthAttempt.subject, AuthAttempt.address_key
         self.by_account = SlidingWindow(LOGIN, subject, settings.login_failures_per_account, window)
@@ -225,9 +226,13 @@ class AuthGuard:
         """TooManyAttempts when this address, or callers of any address presenting tokens
         that begin like this one, sent too many wrong ones lately; the right token waits
         too then."""
-        now, name = self.now(), token_name(secret)
-        with transaction(self.sessions) as session:
-            address_wait = self.bad_tokens.retry_after(session, address_key(address), now)
+        now, name, key = self.now(), token_name(secret), address_key(address)
+        # Every bearer request passes here: one read, without a write lock, answers the
+        # usual case (no wrong token from this address or like this one in the window).
+        with transaction(self.readers) as session:
+            if not self._tokens_failed(session, key, name, now):
+                return
+            address_wait = self.bad_tokens.retry_after(session, key, now)
             token_wait = self.bad_tokens_of.retry_after(session, name, now) if name else None
         refusal = self._refusal(
             "requests with an invalid token from your address", address_wait, now
@@ -236,6 +241,16 @@ class AuthGuard:
         )
         if refusal is not None:
             raise refusal
+
+    def _tokens_failed(self, session: Session, key: str, name: str, now: datetime) -> bool:
+        """Whether any wrong token from the address `key`, or beginning like `name`, is in the
+        window: without one neither of the token limits can be reached."""
+        since = now - self.window
+        recent = AuthAttempt.kind == TOKEN, AuthAttempt.at > since
+        seen: ColumnElement[bool] = exists().where(*recent, AuthAttempt.address_key == key)
+        if name:
+            seen = or_(seen, exists().where(*recent, AuthAttempt.subject == name))
+        return bool(session.scalar(select(seen)))
 
     def token_failed(self, address: str, secret: str) -> None:
         """Count a refused bearer token against its address and, when it begins like a
