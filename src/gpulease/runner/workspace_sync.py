@@ -304,7 +304,7 @@ def _save(
     records: list[tuple[str, bytes]] = []
     size = 0
     for sha in missing:
-        data = _chunk(workspace, sha, where[sha])
+        data = _chunk(workspace, sha, sizes[sha], where[sha])
         if data is None:
             lost.add(sha)
             continue
@@ -341,13 +341,14 @@ def _save(
     return outcome
 
 
-def _chunk(workspace: Path, sha: str, places: list[tuple[str, int]]) -> bytes | None:
-    """Chunk sha read from the first of its places (path, chunk index) that still holds it;
-    None when none does (each changed since it was listed, or is no longer a file)."""
+def _chunk(workspace: Path, sha: str, size: int, places: list[tuple[str, int]]) -> bytes | None:
+    """Chunk sha (of size bytes) read from the first of its places (path, chunk index) that
+    still holds it; None when none does (each changed since it was listed, or is no longer
+    a file)."""
     for path, number in places:
         try:
             data = safefs.read_bytes(
-                workspace, path, limit=CHUNK_SIZE, offset=number * CHUNK_SIZE, single_link=True
+                workspace, path, limit=size, offset=number * CHUNK_SIZE, single_link=True
             )
         except OSError as exc:  # gone, or a link or another file now (UnsafePath)
             log.warning("workspace file %s not saved: %s", path, exc)

@@ -3,10 +3,13 @@ database, the runner's own workspace_sync code over the runner protocol)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -15,16 +18,19 @@ from starlette.testclient import TestClient
 
 from factories import Caller, RunnerDouble, make_running_instance
 from gpulease.backends.fake import FakeBackend
+from gpulease.client.push_index import FileStat
 from gpulease.gpus.discovery import DiscoveredGpu, Inventory
-from gpulease.runner import workspace_sync
+from gpulease.runner import safefs, workspace_sync
+from gpulease.runner.agent import Agent
 from gpulease.runner.connection import Connection
 from gpulease.schemas.runner import RunnerSpec
 from gpulease.server.db import transaction
-from gpulease.server.orm import Node, StorageKey, StorageMeter, WorkspaceChunk
-from gpulease.server.reconcilers import billing
+from gpulease.server.orm import Node, StorageKey, StorageMeter, UsageSegment, WorkspaceChunk
+from gpulease.server.reconcilers import billing, launcher
+from gpulease.server.routers.api.clock import request_time
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import nodes
-from gpulease.storage.chunking import CHUNK_SIZE, pack
+from gpulease.storage.chunking import CHUNK_SIZE, pack, unpack
 
 Tick = Callable[[], object]
 RunnerFor = Callable[[int], RunnerDouble]
@@ -304,3 +310,219 @@ def test_a_link_planted_where_a_saved_file_goes_is_replaced_and_one_on_its_way_r
     assert not (new / "top.txt").is_symlink() and (new / "top.txt").read_text() == "top"
     assert (new / "sub" / "deep.txt").read_text() == "deep"
     assert (outside / "victim").read_text() == "not the job's"
+
+
+Box = tuple[int, RunnerDouble, Path]  # a running instance, its runner, its node workspace
+
+
+@pytest.fixture
+def box(ann: Caller, tick: Tick, runner_for: RunnerFor, fleet: FakeBackend, tmp_path: Path) -> Box:
+    instance_id, runner = make_running_instance(ann, tick, runner_for, "box")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return instance_id, runner, ws
+
+
+def counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files each save reads and hashes from now on, by path, in order."""
+    read: list[str] = []
+    real = workspace_sync._read_file
+
+    def counted(entry: safefs.Entry, relative: str):  # type: ignore[no-untyped-def]
+        read.append(relative)
+        return real(entry, relative)
+
+    monkeypatch.setattr(workspace_sync, "_read_file", counted)
+    return read
+
+
+def test_the_node_index_spares_unchanged_files_and_a_corrupt_one_means_reading_all(
+    http: TestClient, fleet: FakeBackend, box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    instance_id, runner, ws = box
+    for n in range(20):
+        (ws / f"f{n}.txt").write_text(f"file {n}")
+    spec = spec_at(fleet, instance_id, ws)
+    conn = connection(http, runner)
+    read = counting_reads(monkeypatch)
+    workspace_sync.save(spec, conn, clock_ns=later)
+    assert len(read) == 20
+    index = workspace_sync.index_path(spec)
+    assert index.exists() and os.stat(index).st_mode & 0o077 == 0  # the runner's alone
+    assert not index.is_relative_to(ws)  # nowhere the job can write
+
+    read.clear()
+    with open(ws / "f3.txt", "a") as grown:  # same inode, new size, new ctime
+        grown.write(" and more")
+    os.utime(ws / "f4.txt", ns=(1, 1))  # back-dated: its ctime still changes
+    saved = workspace_sync.save(spec, conn, clock_ns=later)
+    assert sorted(read) == ["f3.txt", "f4.txt"]
+    assert saved is not None and saved.files == 20 and saved.read_files == 2
+
+    read.clear()
+    index.write_bytes(b"not an index" * 100)  # a cache: corrupt means hash everything
+    saved = workspace_sync.save(spec, conn, clock_ns=later)
+    assert len(read) == 20 and saved is not None and saved.sent_chunks == 0
+    snapshot = runner.call("GET", "/workspace/snapshot").json()
+    files = {f["path"]: f for f in snapshot["files"]}
+    assert files["f3.txt"]["size"] == len("file 3 and more")
+
+
+def test_a_file_changed_just_before_a_save_is_read_again_by_the_next(
+    http: TestClient, fleet: FakeBackend, box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    instance_id, runner, ws = box
+    (ws / "fresh.txt").write_text("written a moment before the save")
+    spec = spec_at(fleet, instance_id, ws)
+    conn = connection(http, runner)
+    read = counting_reads(monkeypatch)
+    now = time.time_ns()  # the save runs as the file is written: within one timestamp tick
+    workspace_sync.save(spec, conn, clock_ns=lambda: now)
+    workspace_sync.save(spec, conn, clock_ns=later)
+    assert read == ["fresh.txt", "fresh.txt"]
+
+
+def test_a_link_swapped_in_after_indexing_or_before_the_send_is_never_followed(
+    http: TestClient, fleet: FakeBackend, box: Box, rt: Runtime, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    instance_id, runner, ws = box
+    secret = tmp_path / "server-secret"
+    secret.write_bytes(b"S" * 5000)
+    (ws / "indexed.bin").write_bytes(b"i" * 5000)
+    spec = spec_at(fleet, instance_id, ws)
+    conn = connection(http, runner)
+    workspace_sync.save(spec, conn, clock_ns=later)
+    # the indexed file becomes a link to a secret of the same size; a new file, listed and
+    # hashed, becomes one too before its chunk is read again to be sent
+    (ws / "indexed.bin").unlink()
+    (ws / "indexed.bin").symlink_to(secret)
+    (ws / "new.bin").write_bytes(b"n" * 5000)
+    real = workspace_sync.list_workspace
+
+    def swapped_after(*args: object, **kw: object) -> workspace_sync.Listing:
+        listing = real(*args, **kw)  # type: ignore[arg-type]
+        (ws / "new.bin").unlink()
+        (ws / "new.bin").symlink_to(secret)
+        return listing
+
+    monkeypatch.setattr(workspace_sync, "list_workspace", swapped_after)
+    saved = workspace_sync.save(spec, conn, clock_ns=later)
+    assert saved is not None and saved.files == 0 and saved.skipped == 1
+    assert runner.call("GET", "/workspace/snapshot").json()["files"] == []
+    with transaction(rt.sessions) as session:  # no chunk of the secret reached the server
+        sizes = list(session.scalars(select(WorkspaceChunk.sha256)))
+    assert hashlib.sha256(secret.read_bytes()).hexdigest() not in sizes
+
+
+def test_a_file_grown_huge_between_its_stat_and_its_read_is_saved_at_its_stat_size(
+    http: TestClient, fleet: FakeBackend, box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    instance_id, runner, ws = box
+    (ws / "grows.bin").write_bytes(b"g" * 1000)
+    spec = spec_at(fleet, instance_id, ws)
+    real = workspace_sync._read_chunks
+
+    def grown_first(fd: int, size: int):  # type: ignore[no-untyped-def]
+        os.truncate(ws / "grows.bin", 64 * 2**30)  # 64 GiB, sparse: the job's doing
+        return real(fd, size)
+
+    monkeypatch.setattr(workspace_sync, "_read_chunks", grown_first)
+    saved = workspace_sync.save(spec, connection(http, runner), clock_ns=later)
+    assert saved is not None and (saved.bytes, saved.sent_bytes) == (1000, 1000)
+    (listed,) = runner.call("GET", "/workspace/snapshot").json()["files"]
+    assert listed["size"] == 1000
+    # the index does not vouch for what it saw change while it read: the next save reads it
+    index = workspace_sync.open_index(workspace_sync.index_path(spec))
+    try:
+        assert index.lookup("grows.bin", FileStat.of(os.stat(ws / "grows.bin"))) is None
+    finally:
+        index.close()
+
+
+def test_billing_ends_when_the_jobs_end_and_a_long_save_outlives_the_stop_grace(
+    http: TestClient, ann: Caller, tick: Tick, runner_for: RunnerFor, fleet: FakeBackend,
+    rt: Runtime,
+) -> None:  # fmt: skip
+    instance_id, runner = make_running_instance(ann, tick, runner_for, "box")
+    with transaction(rt.sessions) as session:
+        started = session.scalars(
+            select(UsageSegment.started_at).where(UsageSegment.instance_id == instance_id)
+        ).one()
+    assert ann.post("/api/v1/instances/box/stop").status_code == 200
+    jobs_ended = started + timedelta(seconds=90)
+    http.app.dependency_overrides[request_time] = lambda: jobs_ended  # type: ignore[attr-defined]
+    try:
+        assert runner.call("POST", "/workspace/saving", json={}).status_code == 204
+        again = jobs_ended + timedelta(seconds=30)  # a second call changes nothing
+        http.app.dependency_overrides[request_time] = lambda: again  # type: ignore[attr-defined]
+        assert runner.call("POST", "/workspace/saving", json={}).status_code == 204
+    finally:
+        http.app.dependency_overrides.pop(request_time)  # type: ignore[attr-defined]
+    with transaction(rt.sessions) as session:
+        segment = session.scalars(
+            select(UsageSegment).where(UsageSegment.instance_id == instance_id)
+        ).one()
+        assert segment.ended_at == jobs_ended and segment.billed_seconds == 90
+
+    # past the stop grace the save goes on; past its own limit the runner is killed
+    handle = fleet.handle_for(instance_id)
+    assert handle is not None
+    grace = timedelta(seconds=rt.settings.stop_grace_s)
+    launcher.finish_stops(rt, now=jobs_ended + grace * 10)
+    assert ann.get("/api/v1/instances/box").json()["status"] == "stopping"
+    assert fleet.runners[handle].stop_calls == []
+    limit = timedelta(seconds=rt.settings.workspace_save_max_s)
+    launcher.finish_stops(rt, now=jobs_ended + limit + timedelta(seconds=1))
+    shown = ann.get("/api/v1/instances/box").json()
+    assert shown["status"] == "stopped" and fleet.runners[handle].stop_calls == [True]
+    with transaction(rt.sessions) as session:
+        segment = session.scalars(
+            select(UsageSegment).where(UsageSegment.instance_id == instance_id)
+        ).one()
+        assert segment.ended_at == jobs_ended and segment.billed_seconds == 90
+
+
+def test_a_running_instance_is_saved_every_interval_in_the_background(
+    http: TestClient, ann: Caller, tick: Tick, runner_for: RunnerFor, fleet: FakeBackend,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    instance_id, runner = make_running_instance(ann, tick, runner_for, "box")
+    assert fleet.started[-1].workspace_save_interval_s == 600  # the default
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "checkpoint.pt").write_bytes(b"epoch 1")
+    agent = Agent(spec_at(fleet, instance_id, ws, workspace_save_interval_s=0.05))
+    agent.connection = connection(http, runner)
+    saver = threading.Thread(target=agent._save_often)
+    saver.start()
+    try:
+        first = wait_until(lambda: ann.get("/api/v1/instances/box").json()["workspace_saved_at"])
+        (ws / "checkpoint.pt").write_bytes(b"epoch 2")
+        wait_until(
+            lambda: (
+                ann.get("/api/v1/instances/box").json()["workspace_saved_at"] != first
+                and runner.call("GET", "/workspace/snapshot").json()["files"][0]["size"] == 7
+                and fetched(http, runner) == b"epoch 2"
+            )
+        )
+    finally:
+        agent.request_stop("the test is over")
+        saver.join(10)
+        agent.connection.close()
+    assert not saver.is_alive()
+    assert ann.get("/api/v1/instances/box").json()["status"] == "running"
+
+
+def fetched(http: TestClient, runner: RunnerDouble) -> bytes:
+    (listed,) = runner.call("GET", "/workspace/snapshot").json()["files"]
+    r = runner.call("POST", "/workspace/chunks/fetch", json={"chunks": listed["chunks"]})
+    return b"".join(data for _, data in unpack(r.content))
+
+
+def wait_until(probe: Callable[[], object], timeout: float = 20.0) -> object:
+    deadline = time.monotonic() + timeout
+    while not (got := probe()):
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.05)
+    return got
