@@ -7,7 +7,15 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from gpulease.server import db
-from gpulease.server.db import make_engine, make_sessionmaker, read_only, transaction, unsynced
+from gpulease.server.db import (
+    PG_UNSYNCED_SELECT,
+    make_engine,
+    make_sessionmaker,
+    read_only,
+    statements,
+    transaction,
+    unsynced,
+)
 
 
 def test_an_unsynced_transaction_leaves_its_connection_synced_again(database_url: str) -> None:
@@ -89,5 +97,26 @@ def test_a_read_only_transaction_takes_no_write_lock_and_no_round_trips(
                     session.execute(text("SELECT txid_current()")).scalar() for _ in range(2)
                 )
             assert first == second
+    finally:
+        engine.dispose()
+
+
+def test_a_statement_of_its_own_commits_unsynced_and_leaves_its_connection_synced(
+    pg_database: str,
+) -> None:
+    """db.statements with PG_UNSYNCED_SELECT in a CTE: the statement runs with
+    synchronous_commit off (its own commit), the next one on the same connection with it on,
+    and no SET LOCAL of unsynced() is sent outside a transaction."""
+    engine = make_engine(pg_database)
+    try:
+        with statements(unsynced(engine)).connect() as conn:
+            during = conn.execute(
+                text(
+                    f"WITH u AS ({PG_UNSYNCED_SELECT}) "
+                    "SELECT current_setting('synchronous_commit') FROM u"
+                )
+            ).scalar()
+            after = conn.execute(text("SHOW synchronous_commit")).scalar()
+        assert (during, after) == ("off", "on")
     finally:
         engine.dispose()

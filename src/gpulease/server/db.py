@@ -116,6 +116,19 @@ def unsynced(engine: Engine) -> Engine:
     return engine.execution_options(**{UNSYNCED: True})
 
 
+# What a PostgreSQL statement in a transaction of its own (statements()) selects, in a CTE
+# that it reads, to commit as an unsynced() transaction does (set_config(..., true) is
+# SET LOCAL: it lasts until that statement's commit, which it governs).
+PG_UNSYNCED_SELECT = "SELECT set_config('synchronous_commit', 'off', true)"
+
+
+def statements(engine: Engine) -> Engine:
+    """PostgreSQL: the engine whose statements each run and commit in a transaction of
+    their own (autocommit: no BEGIN or COMMIT to send), without unsynced()'s SET LOCAL (a
+    statement selects PG_UNSYNCED_SELECT instead). For one-statement work on a hot path."""
+    return engine.execution_options(isolation_level="AUTOCOMMIT", **{UNSYNCED: False})
+
+
 # An execution option: see read_only().
 READ_ONLY = "gpulease_read_only"
 
@@ -127,7 +140,7 @@ def read_only(engine: Engine) -> Engine:
     without the round trips of BEGIN and COMMIT)."""
     if engine.dialect.name == "sqlite":
         return engine.execution_options(**{READ_ONLY: True})
-    return engine.execution_options(isolation_level="AUTOCOMMIT")
+    return statements(engine)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -25,7 +25,7 @@ from gpulease.schemas.metrics import (
 )
 from gpulease.schemas.runner import RunnerMetrics
 from gpulease.schemas.runs import RunPublic
-from gpulease.server.db import transaction
+from gpulease.server.db import PG_UNSYNCED_SELECT, statements, transaction
 from gpulease.server.orm import MetricPoint, Run
 from gpulease.server.security import hash_token
 from gpulease.server.services import runners
@@ -48,14 +48,14 @@ _EARLIEST, _LATEST = 946_684_800.0, 4_102_444_800.0  # 2000-01-01 .. 2100-01-01
 # for each point, once), so the run cannot be deleted before the points commit; with the
 # runner's token, it also checks that the run is one of the token's instance's.
 _PG_INSERT = (
-    "WITH run AS (SELECT runs.id FROM runs {join}WHERE runs.id = :run_id "
+    "WITH {ctes}run AS (SELECT runs.id FROM runs {join}WHERE runs.id = :run_id "
     "FOR KEY SHARE OF runs) "
     "INSERT INTO metric_points (run_id, key, step, value, time, source) "
     "SELECT run.id, p.key, p.step, p.value, "
     "to_timestamp(trunc(p.time)) "
     "+ round((p.time - trunc(p.time)) * 1e6) * interval '1 microsecond', "
-    "coalesce(p.source, 'sdk') FROM run, json_to_recordset(CAST(:points AS json)) AS p(key "
-    "varchar, step bigint, value double precision, time double precision, source varchar)"
+    "coalesce(p.source, 'sdk') FROM {tables}run, json_to_recordset(CAST(:points AS json)) AS "
+    "p(key varchar, step bigint, value double precision, time double precision, source varchar)"
 )
 _PG_TOKEN_JOIN = (
     "JOIN instances ON instances.id = runs.instance_id "
@@ -63,11 +63,16 @@ _PG_TOKEN_JOIN = (
 )
 _PG_SKIP_KNOWN = " ON CONFLICT (run_id, key, step, source) DO NOTHING"
 # Points of a run, insert-or-ignore (of a batch's repeats the first is kept).
-_PG_STORE = text(_PG_INSERT.format(join="") + _PG_SKIP_KNOWN)
-# A runner's batch of new points: a plain INSERT, which costs PostgreSQL less per point than
-# ON CONFLICT's speculative insertion, and fails on a point the run already has (a resent
-# batch), which then goes through _PG_STORE.
-_PG_STORE_NEW = text(_PG_INSERT.format(join=_PG_TOKEN_JOIN))
+_PG_STORE = text(_PG_INSERT.format(ctes="", join="", tables="") + _PG_SKIP_KNOWN)
+# A runner's batch of new points, as a transaction of its own (db.statements: the one round
+# trip of the statement, which makes its own commit unsynced): a plain INSERT, which costs
+# PostgreSQL less per point than ON CONFLICT's speculative insertion, and fails on a point
+# the run already has (a resent batch), which then goes through _PG_STORE.
+_PG_STORE_NEW = text(
+    _PG_INSERT.format(
+        ctes=f"unsynced AS ({PG_UNSYNCED_SELECT}), ", join=_PG_TOKEN_JOIN, tables="unsynced, "
+    )
+)
 UNIQUE_VIOLATION = "23505"
 _SQLITE_INSERT = (
     "INSERT INTO metric_points (run_id, key, step, value, time, source) "
@@ -211,15 +216,15 @@ def store_run_points(
     of the machine may lose the last second of a curve, never money). Returns how many
     points were new; 401 for an unknown token, 404 for a run of another instance.
 
-    On PostgreSQL a batch of new points is one statement (_PG_STORE_NEW: the token, the run
-    and the insert). When it stores nothing (an unknown token, another instance's run) or
-    meets a point the run already has, the batch goes the general way, which says why or
-    skips the known points."""
+    On PostgreSQL a batch of new points is one statement in one round trip (_PG_STORE_NEW:
+    the token, the run and the insert, committed unsynced). When it stores nothing (an
+    unknown token, another instance's run) or meets a point the run already has, the batch
+    goes the general way, which says why or skips the known points."""
     if points and _postgres(unsynced_sessions):
         params = {"run_id": run_id, "points": _json(points), "token_hash": hash_token(runner_token)}
         try:
-            with transaction(unsynced_sessions) as session:
-                stored = _rowcount(session.execute(_PG_STORE_NEW, params))
+            with statements(unsynced_sessions.kw["bind"]).connect() as conn:
+                stored = _rowcount(conn.execute(_PG_STORE_NEW, params))
             if stored:
                 return stored
         except IntegrityError as exc:
