@@ -5,7 +5,9 @@ rank's runner puts a macvlan of it in the rank's network namespace."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 import fabric_support
+from gpulease.runner.netns import NETNS_DIR
 from processes import Platform
 from ray_support import RayCluster, running_ray_platform
 
@@ -121,13 +124,30 @@ def lines_of(stdout: str) -> list[str]:
     return [line.removeprefix("(rank 1) ") for line in stdout.splitlines()]
 
 
+def listed(platform: Platform) -> list[dict[str, Any]]:
+    found: Any = platform.cli_json("instance", "ls", "--all")
+    return list(found)
+
+
 def release_all(platform: Platform) -> None:
-    listed: Any = platform.cli_json("instance", "ls", "--all")
-    for member in listed:
+    members = listed(platform)
+    for member in members:
         if member["status"] != "released":
             platform.cli("instance", "release", str(member["id"]), check=False)
-    for member in listed:
+    for member in members:
         platform.wait_status(str(member["id"]), "released")
+
+
+def namespace_rules(instance_id: int) -> str:
+    """The nftables rules in the network namespace of instance_id's runner (read as root)."""
+    (path,) = NETNS_DIR.glob(f"i{instance_id}-[0-9]*[0-9]")
+    argv = ["nsenter", f"--net={path}", "--", "nft", "list", "ruleset"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def addresses(rules: str) -> set[str]:
+    """The fabric addresses the rules name (10.213.0.x)."""
+    return set(re.findall(r"10\.213\.0\.\d+", rules))
 
 
 def test_two_sandboxed_ranks_all_reduce_over_the_fabric(platform: Platform, tmp_path: Path) -> None:
@@ -145,7 +165,7 @@ def test_two_sandboxed_ranks_all_reduce_over_the_fabric(platform: Platform, tmp_
 
 
 def test_a_rank_reaches_only_its_own_gang_from_its_first_instruction(
-    platform: Platform, tmp_path: Path
+    platform: Platform, fabric: str, tmp_path: Path
 ) -> None:
     listener = platform.popen_cli(
         "run", str(task(tmp_path, "listener", LISTENER)), stderr_path=tmp_path / "listener.err"
@@ -162,6 +182,14 @@ def test_a_rank_reaches_only_its_own_gang_from_its_first_instruction(
             if not line and listener.poll() is not None:
                 break
         assert target and reached, (tmp_path / "listener.err").read_text()
+        gang = [m for m in listed(platform) if m["status"] == "running"]
+        assert len(gang) == 2, gang
+        for member in gang:  # each rank's namespace allows exactly its peer on fabric0
+            rules = namespace_rules(int(member["id"]))
+            (peer,) = addresses(rules)  # the other rank: not its own, nobody else's
+            assert (peer == target) == (member["gang_rank"] == 1), rules
+            assert f'oifname "fabric0" ip daddr {peer} accept' in rules, rules
+            assert f'iifname "fabric0" ip saddr {peer} accept' in rules, rules
         intruder = INTRUDER.replace("TARGET", target).replace("HOST", fabric_support.HOST_ADDRESS)
         result = platform.cli("run", str(task(tmp_path, "intruder", intruder)))
         said = set(lines_of(result.stdout))
@@ -173,6 +201,10 @@ def test_a_rank_reaches_only_its_own_gang_from_its_first_instruction(
     finally:
         release_all(platform)
         listener.wait(60)
+        # the ranks' namespaces, and the macvlans in them, went with their runners
+        for member in listed(platform):
+            assert not list(NETNS_DIR.glob(f"i{member['id']}-*")), member
+        assert not [n for n in fabric_support.links(fabric) if n.startswith("gf")]
         if listener.stdout is not None:
             listener.stdout.close()
 
@@ -185,9 +217,9 @@ def test_a_node_without_its_fabric_parent_fails_the_gang_with_what_to_set(
     try:
         result = platform.cli("run", str(task(tmp_path, "allreduce", ALL_REDUCE)), check=False)
         assert result.returncode != 0
-        listed: Any = platform.cli_json("instance", "ls", "--all")
-        reasons = [m["status_reason"] for m in listed if m["status"] in ("failed", "stopped")]
-        assert reasons, listed
+        members = listed(platform)
+        reasons = [m["status_reason"] for m in members if m["status"] in ("failed", "stopped")]
+        assert reasons, members
         assert any(
             "parent interface gplfab0 (GPULEASE_FABRIC_PARENT) is not on this node" in r
             for r in reasons
