@@ -4,6 +4,7 @@ a real veth parent (tests/fabric_support.py) and real TCP."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -50,7 +51,7 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def fabric() -> Iterator[str]:
-    with fabric_namespace(f"gplfab-t{id(object())}"[:14]) as name:
+    with fabric_namespace(f"gplfabt-{os.getpid()}") as name:
         yield name
 
 
