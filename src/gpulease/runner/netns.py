@@ -30,6 +30,7 @@ import ipaddress
 import json
 import logging
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -396,9 +397,7 @@ def attach_fabric(fabric: FabricLink, namespace: Path) -> None:
             f"not on this node{where}: {exc.message}; set GPULEASE_FABRIC_PARENT (and "
             "GPULEASE_FABRIC_NETNS) of this node to its fabric NIC"
         ) from exc
-    made = f"gf{os.getpid()}"  # unique among the node's runners, 15 characters at most
-    with contextlib.suppress(NetworkError):  # left by a crashed runner of the same pid
-        _run([*outside, "link", "delete", made])
+    made = f"gf{secrets.token_hex(6)}"  # no other runner's, 15 characters at most
     _run(
         [*outside, "link", "add", "link", fabric.parent, "name", made, "type", "macvlan"]
         + ["mode", "bridge"]
