@@ -15,7 +15,9 @@ GPULEASE_TEST_PG reaches one):
   0.5 s, the POST, the stream) to an SSE client, on a `gpulease server` with a real runner
   (local backend, sandboxed), beside a round trip over a local TCP socket.
 
-    .venv/bin/python benchmarks/metrics_ingest.py [-n 30] [--batch 1000]
+    .venv/bin/python benchmarks/metrics_ingest.py [-n 30] [--batch 1000] [--ingest-only]
+
+--ingest-only measures the ingest and its empty-batch baseline alone (no SSE delays).
 """
 
 from __future__ import annotations
@@ -281,7 +283,7 @@ def started(kind: type[Platform], postgres: bool) -> Iterator[Platform]:
 
 
 def measure(
-    console: Console, label: str, postgres: bool, n: int, batch: int
+    console: Console, label: str, postgres: bool, n: int, batch: int, ingest_only: bool = False
 ) -> list[tuple[str, list[float]]]:
     with started(HandoffPlatform, postgres) as platform:
         bench = Bench(platform)
@@ -291,6 +293,12 @@ def measure(
             for _ in range(n):  # interleaved, so that load on the host falls on both alike
                 empty.append(bench.post(0))
                 full.append(bench.post(batch))
+        if ingest_only:
+            bench.close()
+            return [
+                (f"{label}: empty batch request (baseline)", empty),
+                (f"{label}: batch of {batch} points", full),
+            ]
         with console.status(f"{label}: delay to an SSE client"):
             delays = bench.delays(n)
         bench.close()
@@ -342,13 +350,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=30)
     parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--ingest-only", action="store_true")
     args = parser.parse_args()
     console = Console()
-    rows = measure(console, "SQLite", False, args.n, args.batch)
+    rows = measure(console, "SQLite", False, args.n, args.batch, args.ingest_only)
     if pg_database(probe=True) is None:
         console.print(f"[dim]PostgreSQL not reachable at {PG_ADMIN_URL}: SQLite only[/dim]")
     else:
-        rows += measure(console, "PostgreSQL", True, args.n, args.batch)
+        rows += measure(console, "PostgreSQL", True, args.n, args.batch, args.ingest_only)
     socket_rt = socket_round_trips(max(args.n, 100))
 
     table = Table(title=f"metrics ingest and delivery, median of {args.n} (this host)")
