@@ -18,6 +18,7 @@ import pytest
 
 from processes import Platform
 from ray_support import RayCluster, running_ray_platform
+from wheels import make_wheel
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'gpulease[ray]'")
@@ -251,6 +252,11 @@ def test_a_stopped_instance_whose_node_is_full_starts_on_another_with_its_worksp
     big = os.urandom(5_000_000)
     (data / "big.bin").write_bytes(big)
     digest = hashlib.sha256(big).hexdigest()
+    (data / "empty" / "deeper").mkdir(parents=True)
+    # a package the user pip-installs into the instance's own venv layer (no index: a wheel)
+    wheel = make_wheel(data.parent, "tinypkg", "1.0")
+    install = f"pip install --no-index --quiet --disable-pip-version-check {wheel.name}"
+    platform.cli("exec", "mover", "--", "sh", "-c", f"{install} && rm {wheel.name}")
     platform.cli("instance", "stop", "mover")
     saved = platform.wait_status("mover", "stopped", timeout=60)
     assert saved["last_node"] == node_a and saved["workspace_saved_at"] is not None
@@ -264,13 +270,17 @@ def test_a_stopped_instance_whose_node_is_full_starts_on_another_with_its_worksp
     node_b = moved["node"]
     assert node_b in {"gpu-a", "gpu-b"} and node_b != node_a
     assert moved["last_node"] == node_b
-    check = "cat data/notes.txt; test -x data/notes.txt && echo x; sha256sum data/big.bin"
+    check = (
+        "cat data/notes.txt; test -x data/notes.txt && echo x; sha256sum data/big.bin; "
+        "test -d data/empty/deeper && echo empty; "
+        "python -c 'import tinypkg; print(tinypkg.VERSION)'"
+    )
     said = platform.cli("exec", "mover", "--", "sh", "-c", check).stdout.split()
-    assert said[:3] == ["kept", "x", digest], said
+    assert said == ["kept", "x", digest, "data/big.bin", "empty", "1.0"], said
     with sqlite3.connect(platform.database_url.removeprefix("sqlite:///")) as db:
         told = [m for (m,) in db.execute("SELECT message FROM notifications")]
     why = f"instance mover moved from {node_a} to {node_b}: node {node_a} is full"
-    assert any(m.startswith(why) for m in told), told
+    assert any(m.startswith(why) and "before this start" in m for m in told), told
     for name in ("mover", "filler"):
         platform.cli("instance", "release", name)
     for name in ("mover", "filler"):
