@@ -175,8 +175,18 @@ def fabric_addresses(rt: Runtime, gang_id: int) -> list[str | None]:
 
 
 def end_rank(rt: Runtime, gang_id: int, rank: int) -> None:
+    """The rank's run succeeded and it stopped: the gang's other ranks carry on."""
     with transaction(rt.sessions) as session:
         member = gangs.members(session, gang_id)[rank]
+        session.add(
+            Run(
+                instance_id=member.id,
+                owner_id=member.owner_id,
+                command="python train.py",
+                status="succeeded",
+                created_at=utcnow(),
+            )
+        )
         switch_status(session, member, STOPPED, "its run succeeded")
 
 
@@ -242,6 +252,7 @@ def test_fabric_addresses_are_freed_once_no_rank_of_their_gang_is_live(
     end_rank(rt, first, 1)
     second = int(str(gang(ann, name="g5")["id"]))
     tick()
+    assert [m[0] for m in members(rt, first)] == ["starting", "stopped"]
     assert fabric_addresses(rt, second) == ["10.213.0.3", "10.213.0.4"]
     end_rank(rt, first, 0)
     end_rank(rt, second, 0)
