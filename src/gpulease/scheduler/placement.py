@@ -3,18 +3,20 @@ fullest node that still fits, so a block of 4 stays whole for a 4-GPU request)."
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Container, Iterable, Iterator, Mapping
 
 
 class FreeMap:
-    """Free GPU counts per (model, node), bucketed by count so that a best fit, the largest
-    free block and the total are found without walking every node."""
+    """Free GPU counts per (model, node), bucketed by count (each bucket a sorted list of
+    node ids) so that a best fit, the largest free block and the total are found without
+    walking every node, and the lowest id of a bucket is its first."""
 
     __slots__ = ("_free", "_buckets", "_total")
 
     def __init__(self, free: Mapping[str, Mapping[int, int]] | None = None) -> None:
         self._free: dict[str, dict[int, int]] = {}
-        self._buckets: dict[str, list[set[int]]] = {}
+        self._buckets: dict[str, list[list[int]]] = {}
         self._total: dict[str, int] = {}
         for model, nodes in (free or {}).items():
             for node_id, n in nodes.items():
@@ -22,7 +24,7 @@ class FreeMap:
 
     def add_node(self, model: str, node_id: int, n: int) -> None:
         self._free.setdefault(model, {})
-        self._buckets.setdefault(model, [set()])
+        self._buckets.setdefault(model, [[]])
         self._total.setdefault(model, 0)
         self._free[model].setdefault(node_id, 0)
         self.give(model, (node_id,), n)
@@ -30,7 +32,7 @@ class FreeMap:
     def copy(self) -> FreeMap:
         other = FreeMap.__new__(FreeMap)
         other._free = {m: dict(nodes) for m, nodes in self._free.items()}
-        other._buckets = {m: [set(b) for b in bs] for m, bs in self._buckets.items()}
+        other._buckets = {m: [list(b) for b in bs] for m, bs in self._buckets.items()}
         other._total = dict(self._total)
         return other
 
@@ -94,8 +96,8 @@ class FreeMap:
             if not bucket:
                 continue
             if nodes == 1 and allowed is None:
-                return (min(bucket),)
-            for node_id in sorted(bucket):
+                return (bucket[0],)
+            for node_id in bucket:
                 if allowed is None or node_id in allowed:
                     chosen.append(node_id)
                     if len(chosen) == nodes:
@@ -112,7 +114,7 @@ class FreeMap:
         # GPUs may come back on a node or of a model that has none free now (an instance that
         # holds all of them, a node that is gone): they join the map then.
         free = self._free.setdefault(model, {})
-        buckets = self._buckets.setdefault(model, [set()])
+        buckets = self._buckets.setdefault(model, [[]])
         self._total.setdefault(model, 0)
         for node_id in node_ids:
             old = free.get(node_id, 0)
@@ -120,10 +122,11 @@ class FreeMap:
             if new < 0:
                 raise ValueError(f"node {node_id} has {old} free {model}, not {-delta}")
             while len(buckets) <= new:
-                buckets.append(set())
+                buckets.append([])
             if old:
-                buckets[old].discard(node_id)
+                bucket = buckets[old]
+                del bucket[bisect.bisect_left(bucket, node_id)]
             if new:
-                buckets[new].add(node_id)
+                bisect.insort(buckets[new], node_id)
             free[node_id] = new
             self._total[model] += delta

@@ -243,7 +243,8 @@ def _explain(
     """Word why each waiting request (of `wanted`; None: all) waits, with its place in
     its model's queue and its ETA, into `out`."""
     positions: dict[str, int] = {}
-    needs: dict[tuple[str, int, int], str] = {}  # the same words for the same shape
+    needs: dict[str, dict[tuple[int, int], str]] = {}  # the same words for the same shape
+    make = tuple.__new__
     for req in waiting:
         model = req.model
         place = positions[model] = positions.get(model, 0) + 1
@@ -252,14 +253,18 @@ def _explain(
             continue
         reason = why.get(rid)
         if not reason:
-            shape = (model, req.count, req.nodes)
-            reason = needs.get(shape) or needs.setdefault(shape, _needs(req, free))
-        if place > 1:
-            reason += f"; {place - 1} requests ahead of you" if place > 2 else _ONE_AHEAD
-        out[rid] = Waiting(rid, place, reason, etas.get(rid))
-
-
-_ONE_AHEAD = "; 1 request ahead of you"
+            shapes = needs.get(model)
+            if shapes is None:
+                shapes = needs[model] = {}
+            shape = (req.count, req.nodes)
+            reason = shapes.get(shape)
+            if reason is None:
+                reason = shapes[shape] = _needs(req, free)
+        if place > 2:
+            reason = f"{reason}; {place - 1} requests ahead of you"
+        elif place == 2:
+            reason += "; 1 request ahead of you"
+        out[rid] = make(Waiting, (rid, place, reason, etas.get(rid)))
 
 
 def policy_order(
