@@ -432,6 +432,7 @@ def _greedy(
     total, largest, fit = free.total, free.largest, free.fit
     quotas = _has_quotas(config)
     gpus_left = True  # (when not explaining) whether a GPU request may still start
+    biggest: dict[str, int] = {}  # the largest free block per model, since the last take
     for req in order:
         model, count = req.model, req.count
         if not count:  # CPU only: any allowed node, its home first
@@ -450,6 +451,15 @@ def _greedy(
                 if budget is not None:  # the forward pass: its CPU-only requests never fit
                     break
                 gpus_left = False  # nothing more can start but CPU-only requests
+            continue
+        big = biggest.get(model)
+        if big is None:
+            big = biggest[model] = largest(model)
+        if big < count and (big or explain_all):  # some GPUs free, but no block that big
+            if policy == "fifo":
+                blocked.add(model)
+            elif easy and model not in heads:
+                heads[model] = req
             continue
         free_now = total(model)
         if not free_now and not explain_all:
@@ -503,6 +513,7 @@ def _greedy(
             else:
                 reservation.record(nodes)
         free.take(model, nodes, count)
+        del biggest[model]
         if hopeless:
             hopeless.clear()
         held_user[req.owner] += gpus
