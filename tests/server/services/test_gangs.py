@@ -4,10 +4,12 @@ runner with its rank's variables, or none starts; impossible gangs are refused."
 from __future__ import annotations
 
 from collections.abc import Callable
+from ipaddress import IPv4Network
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from factories import Caller, make_settings
 from gpulease.backends.fake import FakeBackend
@@ -294,3 +296,39 @@ def test_an_exhausted_fabric_keeps_the_gang_waiting_with_the_reason(
 def test_a_bad_fabric_range_is_refused_at_start(tmp_path: Path, cidr: str) -> None:
     with pytest.raises(ValueError, match="GPULEASE_FABRIC_CIDR"):
         make_settings(tmp_path, "sqlite://", fabric_cidr=cidr)
+
+
+def test_an_address_another_replica_gave_meanwhile_is_not_given_twice(
+    ann: Caller,
+    rt: Runtime,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+    fabric: str,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two replicas place two gangs at once: the second to write its addresses is refused
+    by the database (one holder per address) and places its gang at the next pass."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("two writers at once need PostgreSQL (SQLite takes one at a time)")
+    mine = int(str(gang(ann, name="g9")["id"]))
+    theirs = int(str(gang(ann, name="g10")["id"]))
+    found = gangs.free_fabric_addresses
+
+    def meanwhile(session: Session, network: IPv4Network, wanted: int) -> list[str]:
+        free = found(session, network, wanted)
+        with transaction(rt.sessions) as other:  # the other replica, committed first
+            for member, address in zip(gangs.members(other, theirs), free, strict=False):
+                member.fabric_address = address
+        return free
+
+    monkeypatch.setattr(gangs, "free_fabric_addresses", meanwhile)
+    tick()
+    assert [m[0] for m in members(rt, mine)] == ["queued", "queued"]
+    assert fabric_addresses(rt, mine) == [None, None]
+    # the refusal cost only that gang's placement: the pass went on with the next one
+    assert [m[0] for m in members(rt, theirs)] == ["starting", "starting"]
+    monkeypatch.undo()
+    tick()
+    placed = fabric_addresses(rt, mine) + fabric_addresses(rt, theirs)
+    assert None not in placed and len(set(placed)) == 4, placed
