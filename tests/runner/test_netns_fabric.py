@@ -156,6 +156,7 @@ def test_ruleset_on_the_fabric_allows_only_the_peers() -> None:
         (None, None, "this node names no fabric parent: set GPULEASE_FABRIC_PARENT"),
         ("gplnone0", "own", "parent interface gplnone0 (GPULEASE_FABRIC_PARENT) is not on"),
         (PARENT, "gplfab-none", "is not on this node in network namespace gplfab-none"),
+        ("eth0\nlink delete lo", "own", "is not an interface name"),
     ],
 )
 def test_a_missing_parent_fails_the_network_with_what_to_set(

@@ -30,6 +30,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import secrets
 import select
 import shutil
@@ -71,6 +72,7 @@ BLOCKED_RANGES = (
 _TOOLS = ("slirp4netns", "nft", "unshare", "nsenter", "umount")
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _INSTALL_HINT = "on Debian/Ubuntu: apt-get install slirp4netns nftables util-linux"
+_INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 
 
 class NetworkError(Exception):
@@ -384,41 +386,57 @@ def attach_fabric(fabric: FabricLink, namespace: Path) -> None:
             "fabric parent: set GPULEASE_FABRIC_PARENT (the interface of the cluster's "
             "private network) in the environment of `ray start` on this node"
         )
+    if not _INTERFACE_NAME.fullmatch(fabric.parent):
+        raise NetworkError(
+            f"GPULEASE_FABRIC_PARENT={fabric.parent!r} is not an interface name (1 to 15 "
+            "letters, digits and ._-:@); set it to the node's fabric NIC"
+        )
+    if any(character.isspace() for character in str(namespace)):
+        raise NetworkError(f"{namespace} holds a space: keep the namespaces' directory without")
     ip = find_tool("ip")
     if ip is None:
         raise NetworkError("ip not found; on Debian/Ubuntu: apt-get install iproute2")
     outside = [ip, "-n", fabric.parent_netns] if fabric.parent_netns else [ip]
-    where = f" in network namespace {fabric.parent_netns}" if fabric.parent_netns else ""
-    try:
-        _run([*outside, "link", "show", "dev", fabric.parent])
-    except NetworkError as exc:
-        raise NetworkError(
-            f"the job fabric's parent interface {fabric.parent} (GPULEASE_FABRIC_PARENT) is "
-            f"not on this node{where}: {exc.message}; set GPULEASE_FABRIC_PARENT (and "
-            "GPULEASE_FABRIC_NETNS) of this node to its fabric NIC"
-        ) from exc
     made = f"gf{secrets.token_hex(6)}"  # no other runner's, 15 characters at most
-    _run(
-        [*outside, "link", "add", "link", fabric.parent, "name", made, "type", "macvlan"]
-        + ["mode", "bridge"]
-    )
-    try:
-        _run([*outside, "link", "set", made, "netns", str(namespace)])
-    except NetworkError:
-        with contextlib.suppress(NetworkError):
+    try:  # one `ip -batch` each side: it stops at the first command that fails
+        _run(
+            [*outside, "-batch", "-"],
+            stdin=f"link add link {fabric.parent} name {made} type macvlan mode bridge\n"
+            f"link set {made} netns {namespace}\n",
+        )
+    except NetworkError as exc:
+        with contextlib.suppress(NetworkError):  # made but not moved
             _run([*outside, "link", "delete", made])
-        raise
+        raise _fabric_error(fabric, outside, exc) from exc
     nsenter = find_tool("nsenter") or "nsenter"
-    inside = [nsenter, f"--net={namespace}", "--", ip]
-    _run([*inside, "link", "set", made, "name", fabric.interface])
-    _run([*inside, "address", "add", fabric.address, "dev", fabric.interface])
-    _run([*inside, "link", "set", fabric.interface, "up"])
+    _run(
+        [nsenter, f"--net={namespace}", "--", ip, "-batch", "-"],
+        stdin=f"link set {made} name {fabric.interface}\n"
+        f"address add {fabric.address} dev {fabric.interface}\n"
+        f"link set {fabric.interface} up\n",
+    )
     log.info(
         "fabric %s (%s on %s) is up in %s",
         fabric.interface,
         fabric.address,
         fabric.parent,
         namespace,
+    )
+
+
+def _fabric_error(fabric: FabricLink, outside: list[str], failed: NetworkError) -> NetworkError:
+    """Why the macvlan could not be made, in words: most often the parent is not there."""
+    where = f" in network namespace {fabric.parent_netns}" if fabric.parent_netns else ""
+    try:
+        _run([*outside, "link", "show", "dev", str(fabric.parent)])
+    except NetworkError as exc:
+        return NetworkError(
+            f"the job fabric's parent interface {fabric.parent} (GPULEASE_FABRIC_PARENT) is "
+            f"not on this node{where}: {exc.message}; set GPULEASE_FABRIC_PARENT (and "
+            "GPULEASE_FABRIC_NETNS) of this node to its fabric NIC"
+        )
+    return NetworkError(
+        f"the job fabric's interface could not be made on {fabric.parent}{where}: {failed.message}"
     )
 
 
