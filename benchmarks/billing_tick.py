@@ -6,17 +6,21 @@ entries and N segment updates. The ratio is median tick over median insert; "rou
 the lowest and highest of each round's tick over the insert taken beside it.
 
     .venv/bin/python benchmarks/billing_tick.py [-n 10000] [--pg postgresql://root@127.0.0.1/test]
+        [--before REV]   # also the tick of services/metering.py at REV, in turns, same database
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from types import ModuleType
 
 from results import emit
 from rich.console import Console
@@ -77,19 +81,28 @@ def prepare(url: str, n: int) -> None:
     engine.dispose()
 
 
-def measure(url: str, n: int, rounds: int) -> tuple[list[float], list[float]]:
-    """Milliseconds of each tick and of each bulk insert of n rows, taken in turns so that
-    load from the rest of the host falls on both alike."""
+def measure(
+    url: str, n: int, rounds: int, before: ModuleType | None = None
+) -> tuple[list[float], list[float], list[float]]:
+    """Milliseconds of each tick, of each bulk insert of n rows and of each tick by `before`
+    (another version of services/metering.py; none without it), taken in turns so that load
+    from the rest of the host falls on all alike."""
     from gpulease.server.services import metering
 
     engine = make_engine(url)
     sessions = make_sessionmaker(engine)
-    ticks, inserts = [], []
+    ticks: list[float] = []
+    inserts: list[float] = []
+    before_ticks: list[float] = []
+    minute = 0
     for r in range(rounds):
-        started = time.perf_counter()
-        with transaction(sessions) as session:
-            metering.charge_open_segments(session, utcnow() + timedelta(seconds=60 * (r + 1)))
-        ticks.append((time.perf_counter() - started) * 1000)
+        turns = [(metering, ticks)] + ([(before, before_ticks)] if before else [])
+        for module, times in turns if r % 2 == 0 else turns[::-1]:
+            minute += 1  # each tick bills every segment a minute further on
+            started = time.perf_counter()
+            with transaction(sessions) as session:
+                module.charge_open_segments(session, utcnow() + timedelta(seconds=60 * minute))
+            times.append((time.perf_counter() - started) * 1000)
         now = utcnow()
         rows = [
             {"user_id": 1, "kind": "bench", "message": f"{r}-{i}", "created_at": now}
@@ -100,7 +113,32 @@ def measure(url: str, n: int, rounds: int) -> tuple[list[float], list[float]]:
             conn.execute(insert(Notification), rows)
         inserts.append((time.perf_counter() - started) * 1000)
     engine.dispose()
-    return ticks, inserts
+    return ticks, inserts, before_ticks
+
+
+def metering_at(revision: str, folder: Path) -> ModuleType:
+    """services/metering.py as it was at a git revision, importable beside the current one."""
+    source = subprocess.run(
+        ["git", "show", f"{revision}:src/gpulease/server/services/metering.py"],
+        cwd=Path(__file__).resolve().parent.parent,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    path = folder / "metering_before.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("metering_before", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _spread(ticks: list[float], inserts: list[float]) -> str:
+    """The lowest and highest of each round's tick over the insert taken beside it: how far
+    the load moves the ratio."""
+    each = sorted(tick / insert for tick, insert in zip(ticks, inserts, strict=True))
+    return f"{each[0]:.1f}–{each[-1]:.1f}×"
 
 
 def main() -> None:
@@ -108,12 +146,19 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--pg", default="postgresql+psycopg://root@127.0.0.1:5432/test")
+    parser.add_argument(
+        "--before",
+        metavar="REV",
+        help="also tick with services/metering.py at this git revision, in turns with the "
+        "current one on the same database (a row of its own; no result line)",
+    )
     args = parser.parse_args()
     console = Console()
     table = Table(title=f"billing tick over {args.n:,} running instances (median of {args.rounds})")
     for col in ("database", "tick ms", "bulk insert ms", "tick / insert", "rounds"):
         table.add_column(col, justify="right" if col != "database" else "left")
     with tempfile.TemporaryDirectory() as tmp:
+        before = metering_at(args.before, Path(tmp)) if args.before else None
         targets = [("SQLite", f"sqlite:///{Path(tmp) / 'bench.db'}", None)]
         name = f"gpulease_bench_{uuid.uuid4().hex[:8]}"
         admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
@@ -128,12 +173,19 @@ def main() -> None:
                 with console.status(f"{label}: preparing {args.n:,} instances"):
                     prepare(url, args.n)
                 with console.status(f"{label}: ticking"):
-                    ticks, inserts = measure(url, args.n, args.rounds)
+                    ticks, inserts, before_ticks = measure(url, args.n, args.rounds, before)
                 t, b = statistics.median(ticks), statistics.median(inserts)
-                # each round's tick over the insert beside it: how far the load moves the ratio
-                each = sorted(tick / insert for tick, insert in zip(ticks, inserts, strict=True))
-                spread = f"{each[0]:.1f}–{each[-1]:.1f}×"
+                spread = _spread(ticks, inserts)
                 table.add_row(label, f"{t:,.0f}", f"{b:,.0f}", f"{t / b:.1f}×", spread)
+                if before_ticks:
+                    was = statistics.median(before_ticks)
+                    table.add_row(
+                        f"{label}, metering.py at {args.before}",
+                        f"{was:,.0f}",
+                        f"{b:,.0f}",
+                        f"{was / b:.1f}×",
+                        _spread(before_ticks, inserts),
+                    )
                 emit(
                     f"billing tick, {args.n:,} running instances ({label})",
                     f"{t:,.0f} ms",
