@@ -25,13 +25,11 @@ from collections import defaultdict
 from collections.abc import (
     Callable,
     Collection,
-    Generator,
     Iterable,
     Iterator,
     Mapping,
     Sequence,
 )
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpulease.scheduler.model import (
@@ -73,12 +71,15 @@ class _Gpus:
 _End = tuple[float, int, "Running | _Gpus"]  # (when, sequence number, what gives GPUs back)
 
 
-@dataclass(slots=True)
 class _Pass:
     """One greedy pass over the queue at one instant: what starts, and why the rest waits."""
 
-    starts: list[tuple[Request, tuple[int, ...]]] = field(default_factory=list)
-    why: dict[int, str] = field(default_factory=dict)
+    __slots__ = ("starts", "why", "read")
+
+    def __init__(self) -> None:
+        self.starts: list[tuple[Request, tuple[int, ...]]] = []
+        self.why: dict[int, str] = {}
+        self.read = 0  # how many requests of the order it read (it may stop early)
 
 
 class _Timeline:
@@ -260,11 +261,17 @@ def _explain(
             reason = shapes.get(shape)
             if reason is None:
                 reason = shapes[shape] = _needs(req, free)
-        if place > 2:
-            reason = f"{reason}; {place - 1} requests ahead of you"
-        elif place == 2:
-            reason += "; 1 request ahead of you"
+        if place > 1:
+            words = _AHEAD.get(place - 1)
+            if words is None:
+                words = _AHEAD[place - 1] = f"; {place - 1} requests ahead of you"
+            reason += words
         out[rid] = make(Waiting, (rid, place, reason, etas.get(rid)))
+
+
+# "; n requests ahead of you" by n, worded once for every tick (a dict: threads that add the
+# same n at once add the same words)
+_AHEAD: dict[int, str] = {1: "; 1 request ahead of you"}
 
 
 def policy_order(
@@ -368,15 +375,19 @@ def _reserve(free: FreeMap, timeline: _Timeline, req: Request, now: float) -> _R
     ok = {n for n in free.at_least(model, count) if allowed is None or n in allowed}
     pending: float | None = None
     changed = True  # whether `ok` may have grown since the last look
-    for at, _, e in timeline.upcoming():
-        if pending is not None and at != pending and changed:
-            if len(ok) >= req.nodes:
-                return _reservation(base, added, ok, req, max(pending, now))
-            changed = False
-        pending = at
+    items = timeline.items
+    for i in range(timeline.head, len(items)):
+        at, _, e = items[i]
+        if at != pending:
+            if changed and pending is not None:
+                if len(ok) >= req.nodes:
+                    return _reservation(base, added, ok, req, max(pending, now))
+                changed = False
+            pending = at
         if e.model == model:
+            back = e.count
             for n in e.node_ids:
-                got = added[n] = added.get(n, 0) + e.count
+                got = added[n] = added.get(n, 0) + back
                 fits = n not in ok and base.get(n, 0) + got >= count
                 if fits and (allowed is None or n in allowed):
                     ok.add(n)
@@ -433,7 +444,8 @@ def _greedy(
     quotas = _has_quotas(config)
     gpus_left = True  # (when not explaining) whether a GPU request may still start
     biggest: dict[str, int] = {}  # the largest free block per model, since the last take
-    for req in order:
+    read = -1
+    for read, req in enumerate(order):  # noqa: B007 (`read` is kept after the loop)
         model, count = req.model, req.count
         if not count:  # CPU only: any allowed node, its home first
             allowed = [n for n in node_ids if req.allowed is None or n in req.allowed]
@@ -522,6 +534,7 @@ def _greedy(
         starts.append((req, nodes))
         if budget is not None and len(starts) >= budget:
             break
+    out.read = read + 1
     return out
 
 
@@ -642,12 +655,12 @@ def _forward(
     seq = len(timeline.items)
     todo = None if wanted is None else {r.id for r in wanted}
     etas: dict[int, float] = {}
-    queue = list(waiting)
-    gone: set[int] = set()  # started in the simulation (dropped from `queue` once passed)
-    left = len(queue)  # requests not started yet
+    # The requests not started yet, the last first: a pass reads them from the end (in
+    # order), and those it starts are dropped from the part it read, at the end of the list.
+    rest = waiting[::-1]
     budget = config.eta_events
     # With every request wanted, some is still to start exactly while one is left.
-    while (todo is None or todo) and timeline and left and budget > 0:
+    while (todo is None or todo) and timeline and rest and budget > 0:
         at = timeline.first()
         while timeline and timeline.first() <= at:
             e = timeline.pop()
@@ -657,17 +670,25 @@ def _forward(
             if e.team is not None:
                 held_team[e.team] -= gpus
         when = max(at, now)
-        rest = _alive(queue, gone)
         step = _greedy(
-            free, timeline, rest, when, config, held_user, held_team, node_ids, False, budget
+            free,
+            timeline,
+            reversed(rest),
+            when,
+            config,
+            held_user,
+            held_team,
+            node_ids,
+            False,
+            budget,
         )
-        rest.close()
         if not step.starts:
             continue
         budget -= len(step.starts)
-        left -= len(step.starts)
+        started = {req.id for req, _ in step.starts}
+        read = len(rest) - step.read
+        rest[read:] = [r for r in rest[read:] if r.id not in started]
         for req, nodes in step.starts:
-            gone.add(req.id)
             etas[req.id] = when
             if todo is not None:
                 todo.discard(req.id)
@@ -676,22 +697,3 @@ def _forward(
                 gpus_back = _Gpus(req.model, nodes, req.count, req.owner, req.team)
                 timeline.push(when + req.duration, seq, gpus_back)
     return etas
-
-
-def _alive(queue: list[Request], gone: set[int]) -> Generator[Request, None, None]:
-    """The requests of `queue` not in `gone`, in order. Those in `gone` that it passes over
-    are dropped from `queue` as it goes (the rest moved up in place, the gap closed when
-    it is closed), so that no later pass walks over them again."""
-    kept = i = 0
-    n = len(queue)
-    try:
-        while i < n:
-            r = queue[i]
-            i += 1
-            if r.id in gone:
-                continue
-            queue[kept] = r
-            kept += 1
-            yield r
-    finally:
-        del queue[kept:i]
