@@ -42,6 +42,7 @@ import contextlib
 import ctypes
 import hashlib
 import io
+import json
 import logging
 import os
 import platform
@@ -287,6 +288,16 @@ def _save(
 ) -> Outcome:
     listing = list_workspace(workspace, index, abort)
     files = listing.files
+    digest = _digest(files, listing.dirs)
+    if index is not None and _unchanged(connection, index.tree_manifest(digest, 0)):
+        outcome = Outcome(
+            len(files), sum(f.size for f in files), 0, 0, listing.left_out, listing.read_files,
+            len(listing.dirs),
+        )  # fmt: skip
+        log.info(
+            "the workspace is as last saved: %d files (%d read)", len(files), outcome.read_files
+        )
+        return outcome
     sizes: dict[str, int] = {}
     where: dict[str, list[tuple[str, int]]] = {}  # sha -> (path, chunk index)s holding it
     for f in files:
@@ -327,7 +338,10 @@ def _save(
             index.prune({f.path for f in files})
     _check_abort(abort)
     body = {"files": [f.wire() for f in files], "dirs": listing.dirs}
-    _ok(connection.call("PUT", f"{API}/snapshot", json=body, timeout=300), "snapshot")
+    answer = _ok(connection.call("PUT", f"{API}/snapshot", json=body, timeout=300), "snapshot")
+    if index is not None and not changed:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            index.record_tree(digest, 0, str(answer.json()["snapshot"]))
     outcome = Outcome(
         len(files), sum(f.size for f in files), sent, sent_bytes,
         listing.left_out + changed, listing.read_files, len(listing.dirs),
@@ -339,6 +353,24 @@ def _save(
         outcome.sent_bytes,
     )  # fmt: skip
     return outcome
+
+
+def _digest(files: list[Listed], dirs: list[str]) -> str:
+    """A digest of a snapshot's file list and empty directories."""
+    listed = [(f.path, f.size, f.mode, f.mtime, f.chunks) for f in files]
+    return hashlib.sha256(json.dumps([listed, dirs]).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _unchanged(connection: Connection, snapshot: str | None) -> bool:
+    """Whether the server took snapshot, the one this node last saved with these very files,
+    as saved again now (False: there is none, or the server's copy is another one now)."""
+    if snapshot is None:
+        return False
+    response = connection.call("POST", f"{API}/unchanged", json={"snapshot": snapshot})
+    if response.status_code in (404, 409, 422):  # another copy, or an older server
+        return False
+    _ok(response, "unchanged snapshot")
+    return True
 
 
 def _chunk(workspace: Path, sha: str, size: int, places: list[tuple[str, int]]) -> bytes | None:

@@ -240,6 +240,14 @@ class RunnerWorkspaceSnapshot(BaseModel):
     dirs: list[str] = Field(default_factory=list, max_length=200_000)
 
 
+class RunnerWorkspaceSaved(BaseModel):
+    """PUT /workspace/snapshot's answer, and POST /workspace/unchanged's body: the snapshot
+    the server now holds. A runner whose next save finds the same files names it, and the
+    server takes the copy as saved again now unless another snapshot replaced it (409)."""
+
+    snapshot: str = Field(max_length=255)
+
+
 class RunnerMetricPoint(BaseModel):
     key: str = Field(max_length=200)
     step: int

@@ -526,3 +526,33 @@ def wait_until(probe: Callable[[], object], timeout: float = 20.0) -> object:
         assert time.monotonic() < deadline, "not within the time"
         time.sleep(0.05)
     return got
+
+
+def test_a_save_that_finds_the_files_of_the_last_snapshot_only_says_so(
+    http: TestClient, ann: Caller, fleet: FakeBackend, box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    instance_id, runner, ws = box
+    (ws / "a.txt").write_text("same")
+    spec = spec_at(fleet, instance_id, ws)
+    conn = connection(http, runner)
+    workspace_sync.save(spec, conn, clock_ns=later)
+    saved_at = ann.get("/api/v1/instances/box").json()["workspace_saved_at"]
+    calls: list[str] = []
+    real = conn.call
+
+    def recorded(method: str, path: str, **kw: object):  # type: ignore[no-untyped-def]
+        calls.append(path.rsplit("/", 1)[-1])
+        return real(method, path, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(conn, "call", recorded)
+    workspace_sync.save(spec, conn, clock_ns=later)
+    assert calls == ["unchanged"]
+    assert ann.get("/api/v1/instances/box").json()["workspace_saved_at"] > saved_at
+    # another snapshot since (as from another node): the server refuses, the whole one goes
+    other = replace(spec, run_dir=ws.parent / "other-node")
+    workspace_sync.save(other, conn, use_index=False)
+    calls.clear()
+    workspace_sync.save(spec, conn, clock_ns=later)
+    assert calls == ["unchanged", "missing", "snapshot"]
+    r = runner.call("POST", "/workspace/unchanged", json={"snapshot": "wm/1/1/nothing"})
+    assert r.status_code == 409 and "send the whole snapshot" in r.json()["detail"]

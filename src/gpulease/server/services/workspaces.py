@@ -263,6 +263,7 @@ class Saved:
     files: int
     bytes: int
     dropped_chunks: int
+    snapshot: str  # its blob key: what a runner names when its next save finds no change
 
 
 def save_snapshot(
@@ -309,7 +310,16 @@ def save_snapshot(
         ]
         packs = _drop_rows(session, dead)
     _delete_blobs(vault, [*packs, *([previous] if previous else [])])
-    return Saved(len(snapshot.files), snapshot.size, len(dead))
+    return Saved(len(snapshot.files), snapshot.size, len(dead), blob_key)
+
+
+def confirm_snapshot(session: Session, instance: Instance, snapshot: str, now: datetime) -> None:
+    """The runner's save found the very files of its last snapshot: that copy counts as
+    saved now. Conflict when the instance's snapshot is another one now (a save from
+    another node, or none): the runner then sends the whole snapshot."""
+    if instance.workspace_snapshot is None or instance.workspace_snapshot != snapshot:
+        raise Conflict("the instance's saved workspace changed since; send the whole snapshot")
+    instance.workspace_snapshot_at = now
 
 
 def _drop_rows(session: Session, dead: Sequence[tuple[int, str]]) -> list[str]:

@@ -3,7 +3,8 @@
 Saving (docs/runner-protocol.md): POST /runner/v1/workspace/missing with the chunk ids of
 every file answers with the chunks the server lacks, POST .../chunks sends those as a chunk
 pack (gpulease.storage.chunking), PUT .../snapshot makes the file list the instance's
-snapshot. A stopping runner whose jobs ended first posts .../saving: billing ends then, and
+snapshot (a save that finds the files of the last snapshot posts .../unchanged instead). A
+stopping runner whose jobs ended first posts .../saving: billing ends then, and
 its save is bounded by its own limit instead of the stop grace. Restoring: GET .../snapshot,
 then POST .../chunks/fetch for the chunks the node lacks. Each call reaches only the
 calling runner's own instance (services/workspaces.py).
@@ -21,6 +22,7 @@ from gpulease.schemas.runner import (
     RunnerWorkspaceChunks,
     RunnerWorkspaceFile,
     RunnerWorkspaceMissing,
+    RunnerWorkspaceSaved,
     RunnerWorkspaceSnapshot,
 )
 from gpulease.server.routers.api.clock import Now
@@ -59,18 +61,26 @@ async def store(instance: DetachedRunnerInstance, request: Request) -> Response:
     return Response(status_code=204)
 
 
-@router.put("/snapshot", status_code=204)
+@router.post("/unchanged", status_code=204)
+def unchanged(
+    body: RunnerWorkspaceSaved, session: SessionDep, instance: RunnerInstance, now: Now
+) -> Response:
+    workspaces.confirm_snapshot(session, instance, body.snapshot, now)
+    return Response(status_code=204)
+
+
+@router.put("/snapshot")
 def save(
     body: RunnerWorkspaceSnapshot, instance: DetachedRunnerInstance, request: Request
-) -> Response:
+) -> RunnerWorkspaceSaved:
     files = [
         workspaces.SnapshotFile(f.path, f.size, f.mode, f.mtime, tuple(f.chunks))
         for f in body.files
     ]
-    workspaces.save_snapshot(
+    saved = workspaces.save_snapshot(
         runtime(request).sessions, vault_of(request), instance.id, files, body.dirs
     )
-    return Response(status_code=204)
+    return RunnerWorkspaceSaved(snapshot=saved.snapshot)
 
 
 @router.get("/snapshot", response_model=None)
