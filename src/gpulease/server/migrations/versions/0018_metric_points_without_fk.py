@@ -30,8 +30,10 @@ TRIGGER = "runs_delete_metric_points"
 def create_points_trigger() -> None:
     """The trigger that deletes a run's metric points with the run."""
     if op.get_bind().dialect.name == "postgresql":
+        # OR REPLACE: dropping every table (backups' restore --force) leaves functions
         op.execute(
-            "CREATE FUNCTION runs_delete_metric_points() RETURNS trigger LANGUAGE plpgsql AS "
+            "CREATE OR REPLACE FUNCTION runs_delete_metric_points() RETURNS trigger "
+            "LANGUAGE plpgsql AS "
             "$$ BEGIN DELETE FROM metric_points WHERE run_id = OLD.id; RETURN OLD; END $$"
         )
         op.execute(
