@@ -24,6 +24,9 @@ pytestmark = pytest.mark.e2e
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'gpulease[ray]'")
 
 
+SAVE_OFTEN = {"GPULEASE_WORKSPACE_SAVE_INTERVAL_S": "3"}
+
+
 @pytest.fixture(scope="module")
 def platform(
     ray_cluster: RayCluster, sqlite_migrated: Path, tmp_path_factory: pytest.TempPathFactory
@@ -32,7 +35,9 @@ def platform(
     these tests are about, and each server start costs seconds)."""
     tmp_path = tmp_path_factory.mktemp("ray-platform")
     shutil.copyfile(sqlite_migrated, tmp_path / "gpulease.db")
-    with running_ray_platform(ray_cluster, tmp_path, f"sqlite:///{tmp_path / 'gpulease.db'}") as p:
+    database = f"sqlite:///{tmp_path / 'gpulease.db'}"
+    # running workspaces saved every 3 s: a node's death loses at most that much of one
+    with running_ray_platform(ray_cluster, tmp_path, database, SAVE_OFTEN) as p:
         yield p
 
 
@@ -170,11 +175,13 @@ def test_a_runner_actor_outlives_a_server_crash_and_stops_when_asked(
 def test_a_node_that_dies_ends_its_instance_and_a_retry_finishes_on_another_node(
     platform: Platform, ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
+    """Also: an instance on that node that never stopped starts again on the other node
+    from its last periodic save (the nodes shared: each new node builds the template)."""
     platform.cli(
         "register", "--server", platform.url, "--name", "bob", "--password", "password-123"
     )
-    ray_cluster.add_worker("gpu-d", gpus=1, model="T4")
-    assert wait_for(lambda: gpus(platform)["T4"]["free"] == 1, 10)
+    ray_cluster.add_worker("gpu-d", gpus=2, model="T4")
+    assert wait_for(lambda: gpus(platform)["T4"]["free"] == 2, 10)
     # on gpu-d it waits to be killed with its node; anywhere else it finishes at once
     script = 'echo "on $GPULEASE_NODE"; [ "$GPULEASE_NODE" != gpu-d ] || sleep 300; echo done'
     run = platform.popen_cli(
@@ -184,9 +191,19 @@ def test_a_node_that_dies_ends_its_instance_and_a_retry_finishes_on_another_node
     try:
         assert run.stdout is not None
         assert run.stdout.readline().strip() == "on gpu-d"
-        ray_cluster.add_worker("gpu-e", gpus=1, model="T4")  # where the retry can go
-        assert wait_for(lambda: gpus(platform)["T4"]["total"] == 2, 10)
         (first,) = platform.cli_json("instance", "ls")  # type: ignore[misc]
+        create = ("instance", "create", "--gpu", "T4:1", "--template", "python", "--wait")
+        platform.cli(*create, "--name", "lost")
+        lost = platform.cli_json("instance", "show", "lost")
+        assert isinstance(lost, dict) and lost["node"] == "gpu-d"
+        ws = ray_cluster.node_home / "gpu-d" / "workspaces" / str(lost["id"])
+        written = datetime.now(UTC)
+        (ws / "ckpt").mkdir()
+        (ws / "ckpt" / "epoch-3.pt").write_text("weights of epoch 3")
+        # the running instance's periodic save takes it (it never stops: no stop saves it)
+        assert wait_for(lambda: saved_since(platform, "lost", written), 20)
+        ray_cluster.add_worker("gpu-e", gpus=2, model="T4")  # where the retry can go
+        assert wait_for(lambda: gpus(platform)["T4"]["total"] == 4, 10)
         before_kill = datetime.now(UTC)
         ray_cluster.kill_worker("gpu-d")
         killed = datetime.now(UTC)
@@ -195,6 +212,19 @@ def test_a_node_that_dies_ends_its_instance_and_a_retry_finishes_on_another_node
         assert got["status_reason"] == "node gpu-d left the cluster"
         assert run.wait(60) == 0, (tmp_path / "run.err").read_text()
         assert run.stdout.read().split() == ["on", "gpu-e", "done"]
+        assert platform.wait_status("lost", "failed", timeout=30)["status_reason"] == (
+            "node gpu-d left the cluster"
+        )
+        platform.cli("instance", "start", "lost")
+        assert platform.wait_status("lost", "running", timeout=60)["node"] == "gpu-e"
+        said = platform.cli("exec", "lost", "--", "cat", "ckpt/epoch-3.pt").stdout
+        assert said == "weights of epoch 3"
+        with sqlite3.connect(platform.database_url.removeprefix("sqlite:///")) as db:
+            told = [m for (m,) in db.execute("SELECT message FROM notifications")]
+        why = "instance lost moved from gpu-d to gpu-e: node gpu-d left the cluster; its "
+        assert any(m.startswith(why) and "before this start" in m for m in told), told
+        platform.cli("instance", "release", "lost")
+        platform.wait_status("lost", "released", timeout=60)
     finally:
         run.kill()
         run.wait()
@@ -285,3 +315,10 @@ def test_a_stopped_instance_whose_node_is_full_starts_on_another_with_its_worksp
         platform.cli("instance", "release", name)
     for name in ("mover", "filler"):
         platform.wait_status(name, "released", timeout=60)
+
+
+def saved_since(platform: Platform, name: str, since: datetime) -> bool:
+    got = platform.cli_json("instance", "show", name)
+    assert isinstance(got, dict)
+    saved = got["workspace_saved_at"]
+    return saved is not None and datetime.fromisoformat(saved) > since
