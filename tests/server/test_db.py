@@ -61,6 +61,8 @@ def test_a_connection_dropped_while_idle_is_replaced_and_a_warm_one_is_not_pinge
         monkeypatch.setattr(db, "PING_IF_IDLE_S", 0.0)  # every connection counts as idle
         second = backend()
         assert second != first
+        with transaction(make_sessionmaker(read_only(engine))) as session:  # pinged, autocommit
+            assert session.execute(text("SELECT pg_backend_pid()")).scalar() == second
         monkeypatch.setattr(db, "PING_IF_IDLE_S", 3600.0)  # none does
         drop(second)
         with pytest.raises(OperationalError):
