@@ -203,6 +203,13 @@ def test_bad_workspace_calls_get_a_4xx_that_says_what_is_wrong(
     assert put(chunks=["nothex"], size=3)[0] == 422
     code, detail = put(size=3, chunks=[sha])
     assert code == 409 and "send them first" in detail
+    entry = {"path": "a.txt", "size": 0, "mode": 0o644, "mtime": 1.0, "chunks": []}
+    for dirs in (["../up"], ["a.txt"], ["a.txt/under"], ["d", "d"]):
+        r = runner.call("PUT", "/workspace/snapshot", json={"files": [entry], "dirs": dirs})
+        assert r.status_code == 422, (dirs, r.text)
+    assert "is not a tree of files and empty directories" in r.json()["detail"]
+    r = runner.call("POST", "/workspace/unchanged", json={"snapshot": "x" * 300})
+    assert r.status_code == 422
     r = runner.call("POST", "/workspace/chunks", content=b"\x00" * 10)
     assert r.status_code == 422 and "malformed chunk pack" in r.json()["detail"]
     r = runner.call("POST", "/workspace/chunks", content=pack([(sha, b"not its bytes")]))
