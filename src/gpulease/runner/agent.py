@@ -559,8 +559,9 @@ class Agent:
                 # logs and exits wait for the server, but not forever once we are stopping
                 run.reporter.join(max(0.0, deadline - time.monotonic()))
         try:  # a fleet node's workspace goes to the server, in case it starts elsewhere next
-            if self.spec.workspace_save:
-                workspace_sync.saving(self.connection)  # billing ends; no grace cuts it
+            if self.spec.workspace_save:  # billing ends; no grace cuts the save
+                with contextlib.suppress(Unreachable):  # unheard, the grace still bounds it
+                    workspace_sync.saving(self.connection)
             with self._save_lock:  # a periodic save stops at its next pack
                 workspace_sync.save(self.spec, self.connection)
         except (WorkspaceSyncError, OSError, Unreachable, ServerGone, Aborted) as exc:
