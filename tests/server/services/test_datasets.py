@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from urllib.parse import quote
 
@@ -15,9 +16,10 @@ from factories import Caller
 from gpulease.client import ApiError, PushProgress
 from gpulease.client.datasets import push_directory
 from gpulease.server.db import transaction
-from gpulease.server.orm import StorageKey
+from gpulease.server.orm import DatasetChunk, StorageKey, User
 from gpulease.server.runtime import Runtime
 from gpulease.server.services.datasets import quota
+from gpulease.server.services.datasets.bulk import execute_rows
 from gpulease.storage.chunking import CHUNK_SIZE, pack
 
 
@@ -275,3 +277,37 @@ def test_tree_digest_helper(tmp_path: Path) -> None:
     assert tree_digests(tmp_path / "t") == {
         p: hashlib.sha256(d).hexdigest() for p, d in files.items()
     }
+
+
+def test_bulk_rows_keep_each_value_when_values_repeat(rt: Runtime, ann: Caller) -> None:
+    """execute_rows processes a repeated value once; every row still gets its own value, and
+    a naive datetime is still refused."""
+    now = datetime(2026, 3, 29, 1, 30, tzinfo=UTC)
+    later = now + timedelta(hours=1)
+    sql = (
+        "INSERT INTO dataset_chunks (owner_id, sha256, size, key_wrapped, stored, "
+        '"offset", length, created_at) VALUES (?, ?, ?, ?, FALSE, 0, 0, ?)'
+    )
+    columns = ("owner_id", "sha256", "size", "key_wrapped", "created_at")
+    with transaction(rt.sessions) as session:
+        owner = session.scalar(select(User.id).where(User.name == ann.name))
+        assert owner is not None
+        times = [now, later, now, now.astimezone(timezone(timedelta(hours=2))), later]
+        rows = [(owner, f"{i:064x}", i, b"k", at) for i, at in enumerate(times)]
+        execute_rows(session, DatasetChunk.__table__, sql, columns, rows)  # type: ignore[arg-type]
+    with transaction(rt.sessions) as session:
+        found = session.execute(
+            select(DatasetChunk.size, DatasetChunk.created_at).where(DatasetChunk.owner_id == owner)
+        ).all()
+        assert sorted(found) == [(i, at.astimezone(UTC)) for i, at in enumerate(times)]
+        with pytest.raises(ValueError, match="naive datetime"):
+            execute_rows(
+                session,
+                DatasetChunk.__table__,  # type: ignore[arg-type]
+                sql,
+                columns,
+                [
+                    (owner, "f" * 64, 1, b"k", now),
+                    (owner, "e" * 64, 1, b"k", now.replace(tzinfo=None)),
+                ],
+            )
