@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import math
 import operator
 from collections import defaultdict
@@ -26,7 +25,6 @@ from collections.abc import (
     Callable,
     Collection,
     Iterable,
-    Iterator,
     Mapping,
     Sequence,
 )
@@ -120,21 +118,8 @@ class _Timeline:
         items.sort()
         return _Timeline(items)
 
-    def __bool__(self) -> bool:
-        return self.head < len(self.items)
-
-    def first(self) -> float:
-        return self.items[self.head][0]
-
-    def pop(self) -> Running | _Gpus:
-        self.head += 1
-        return self.items[self.head - 1][2]
-
     def push(self, at: float, seq: int, gpus: _Gpus) -> None:
         bisect.insort(self.items, (at, seq, gpus), lo=self.head)
-
-    def upcoming(self) -> Iterator[_End]:
-        return itertools.islice(self.items, self.head, None)
 
 
 class _Reservation:
@@ -242,9 +227,12 @@ def _explain(
     out: dict[int, Waiting],
 ) -> None:
     """Word why each waiting request (of `wanted`; None: all) waits, with its place in
-    its model's queue and its ETA, into `out`."""
+    its model's queue and its ETA, into `out`: the 'needs' words once per model and shape,
+    the '; n requests ahead of you' once per n for every tick."""
     positions: dict[str, int] = {}
-    needs: dict[str, dict[tuple[int, int], str]] = {}  # the same words for the same shape
+    needs: dict[tuple[str, int, int], str] = {}  # the same words for the same shape
+    ahead = _ahead(len(waiting))
+    why_get, needs_get, eta = why.get, needs.get, etas.get
     make = tuple.__new__
     for req in waiting:
         model = req.model
@@ -252,26 +240,30 @@ def _explain(
         rid = req.id
         if wanted is not None and rid not in wanted:
             continue
-        reason = why.get(rid)
+        reason = why_get(rid)
         if not reason:
-            shapes = needs.get(model)
-            if shapes is None:
-                shapes = needs[model] = {}
-            shape = (req.count, req.nodes)
-            reason = shapes.get(shape)
+            shape = (model, req.count, req.nodes)
+            reason = needs_get(shape)
             if reason is None:
-                reason = shapes[shape] = _needs(req, free)
-        if place > 1:
-            words = _AHEAD.get(place - 1)
-            if words is None:
-                words = _AHEAD[place - 1] = f"; {place - 1} requests ahead of you"
-            reason += words
-        out[rid] = make(Waiting, (rid, place, reason, etas.get(rid)))
+                reason = needs[shape] = _needs(req, free)
+        out[rid] = make(Waiting, (rid, place, reason + ahead[place], eta(rid)))
 
 
-# "; n requests ahead of you" by n, worded once for every tick (a dict: threads that add the
-# same n at once add the same words)
-_AHEAD: dict[int, str] = {1: "; 1 request ahead of you"}
+# "; n requests ahead of you" at place n + 1 ("" at 1), worded once for every tick: a longer
+# list replaces it whole, so a thread reading the old one reads it complete
+_AHEAD: list[str] = ["", ""]
+
+
+def _ahead(places: int) -> list[str]:
+    """The words for every place up to `places`, by place."""
+    global _AHEAD
+    ahead = _AHEAD
+    if len(ahead) <= places:
+        more = [f"; {n - 1} requests ahead of you" for n in range(len(ahead), 2 * places + 1)]
+        if len(ahead) == 2:
+            more[0] = "; 1 request ahead of you"
+        ahead = _AHEAD = ahead + more
+    return ahead
 
 
 def policy_order(
@@ -660,15 +652,19 @@ def _forward(
     rest = waiting[::-1]
     budget = config.eta_events
     # With every request wanted, some is still to start exactly while one is left.
-    while (todo is None or todo) and timeline and rest and budget > 0:
-        at = timeline.first()
-        while timeline and timeline.first() <= at:
-            e = timeline.pop()
+    items = timeline.items  # read from timeline.head on (pushes insert in place)
+    while (todo is None or todo) and timeline.head < len(items) and rest and budget > 0:
+        head = timeline.head
+        at = items[head][0]
+        while head < len(items) and items[head][0] <= at:  # every end at this instant
+            e = items[head][2]
+            head += 1
             gpus = e.count * len(e.node_ids)
             free.give(e.model, e.node_ids, e.count)
             held_user[e.owner] -= gpus
             if e.team is not None:
                 held_team[e.team] -= gpus
+        timeline.head = head
         when = max(at, now)
         step = _greedy(
             free,
