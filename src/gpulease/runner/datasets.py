@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import shutil
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -40,9 +41,9 @@ from gpulease.storage.crypto import IntegrityError, open_sealed
 log = logging.getLogger(__name__)
 
 API = f"{RUNNER_API}/datasets"
-FETCH_CHUNKS = 2048
-FETCH_BYTES = 32 * 1024 * 1024
-FETCH_AHEAD = 2  # requests on their way (and decrypted on worker threads) at once
+FETCH_CHUNKS = 1024
+FETCH_BYTES = 16 * 1024 * 1024
+FETCH_AHEAD = 4  # requests on their way (each decrypted and written on its thread) at once
 LINKS_DIR = "data"
 _PROGRESS_EVERY_S = 1.0
 _LOCK_POLL_S = 0.2
@@ -208,84 +209,121 @@ def _manifest(
     return files, keys
 
 
-def _batches(files: list[_File]) -> Iterator[list[tuple[int, str, int]]]:
-    """(file index, chunk sha, chunk size) in file order, a request's worth at a time."""
-    batch: list[tuple[int, str, int]] = []
+_Piece = tuple[int, int, str, int]  # file index, offset in the file, chunk sha256, length
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _batches(files: list[_File]) -> tuple[list[list[_Piece]], dict[int, int]]:
+    """The manifest's pieces in file order, a request's worth a batch (an empty file is a
+    piece of length 0, created by the batch that reaches it), and for every file whose
+    pieces lie in more than one batch, how many batches hold them."""
+    batches: list[list[_Piece]] = []
+    batch: list[_Piece] = []
     size = 0
+    spans: dict[int, int] = {}
     for index, f in enumerate(files):
+        if not f.chunks:
+            batch.append((index, 0, "", 0))
+            continue
+        first = len(batches)  # the batch its first piece goes to
         for number, sha in enumerate(f.chunks):
-            length = min(CHUNK_SIZE, f.size - number * CHUNK_SIZE)
+            offset = number * CHUNK_SIZE
+            length = min(CHUNK_SIZE, f.size - offset)
             if batch and (len(batch) >= FETCH_CHUNKS or size + length > FETCH_BYTES):
-                yield batch
+                batches.append(batch)
                 batch, size = [], 0
-            batch.append((index, sha, length))
+            if number == 0:
+                first = len(batches)
+            batch.append((index, offset, sha, length))
             size += length
+        if len(batches) > first:  # its last piece went to a later batch than its first
+            spans[index] = len(batches) - first + 1
     if batch:
-        yield batch
+        batches.append(batch)
+    return batches, spans
 
 
-class _TreeWriter:
-    """Writes the files of a manifest in order as their chunks arrive; a file without
-    chunks (empty) is created when the writer passes it. Files are made read-only (0444)
-    as they are created: writing through the descriptor that made them still works."""
+class _Tree:
+    """The version's tree being written: its directories made once, up front, then each
+    batch's files written by the thread that fetched it (os.open and os.pwrite let go of
+    the GIL, so batches are written side by side). A file is created read-only (0444):
+    writing through the descriptor that made it still works. A file whose chunks come in
+    several batches is opened by whichever batch reaches it first and closed by the last.
+    Paths are opened beneath the tree's own descriptor; the tree is fresh and only this
+    runner writes in it, so nothing there is followed or reused (O_EXCL, O_NOFOLLOW)."""
 
-    def __init__(self, root: Path, files: list[_File]) -> None:
-        self.root = os.fspath(root)
+    def __init__(self, root: Path, files: list[_File], spans: dict[int, int]) -> None:
         self.files = files
-        self.next = 0  # the first file not opened yet
-        self.current: int | None = None  # the descriptor of the file being written
-        self.current_index = -1
-        self._made = {self.root}
+        self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self._left = dict(spans)  # batches still to write into each shared file
+        self._shared: dict[int, int] = {}  # file index -> its open descriptor
+        self._lock = threading.Lock()
+        self.directories = sorted({f.path.rsplit("/", 1)[0] for f in files if "/" in f.path})
+
+    def make_directories(self) -> None:
+        made: set[str] = set()
+        for directory in self.directories:  # sorted: a parent comes before its children
+            parts = directory.split("/")
+            for end in range(1, len(parts) + 1):
+                path = "/".join(parts[:end])
+                if path not in made:
+                    os.mkdir(path, 0o700, dir_fd=self.fd)
+                    made.add(path)
+        self.directories = sorted(made)
 
     def _open(self, index: int) -> int:
-        target = f"{self.root}/{self.files[index].path}"
-        parent = target.rsplit("/", 1)[0]
-        if parent not in self._made:
-            self._make_directories(parent)
-        return os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+        if index not in self._left:
+            return os.open(self.files[index].path, _CREATE, 0o444, dir_fd=self.fd)
+        with self._lock:
+            fd = self._shared.get(index)
+            if fd is None:
+                fd = os.open(self.files[index].path, _CREATE, 0o444, dir_fd=self.fd)
+                self._shared[index] = fd
+            return fd
 
-    def _make_directories(self, directory: str) -> None:
-        """directory and every missing one above it, each made once and remembered (the
-        tree is fresh: nothing there is followed or reused)."""
-        missing = []
-        while directory not in self._made:
-            missing.append(directory)
-            directory = directory.rsplit("/", 1)[0]
-        for made in reversed(missing):
-            os.mkdir(made, 0o700)
-            self._made.add(made)
+    def _close(self, index: int, fd: int) -> None:
+        if index not in self._left:
+            os.close(fd)
+            return
+        with self._lock:
+            self._left[index] -= 1
+            if self._left[index] == 0:
+                del self._shared[index]
+                os.close(fd)
 
-    def _advance_to(self, index: int) -> None:
-        self.close()
-        while self.next < index:
-            os.close(self._open(self.next))  # files between hold no chunks: empty
-            self.next += 1
-        if index < len(self.files):
-            self.current = self._open(index)
-            self.current_index = index
-            self.next = index + 1
-
-    def write(self, index: int, data: bytes) -> None:
-        if index != self.current_index:
-            self._advance_to(index)
-        assert self.current is not None
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.current, view) :]
-
-    def finish(self) -> None:
-        self._advance_to(len(self.files))
+    def write(self, batch: list[_Piece], plain: dict[str, bytes]) -> None:
+        """Writes a batch's pieces; plain maps their chunks to their checked plaintext."""
+        index, fd = -1, -1
+        try:
+            for piece_index, offset, sha, length in batch:
+                if piece_index != index:
+                    if fd >= 0:
+                        self._close(index, fd)
+                        fd = -1
+                    index = piece_index
+                    fd = self._open(index)
+                if length:
+                    view = memoryview(plain[sha])
+                    while view:
+                        written = os.pwrite(fd, view, offset)
+                        view, offset = view[written:], offset + written
+        finally:
+            if fd >= 0:
+                self._close(index, fd)
 
     def make_read_only(self) -> None:
-        """The directories it made become read-only, deepest first (its files were made
-        read-only as they were created). Only its own: the tree is not walked again."""
-        for directory in sorted(self._made, key=len, reverse=True):
-            os.chmod(directory, 0o555)
+        """The tree and the directories it made become read-only, deepest first (its files
+        were made read-only as they were created). Only its own: the tree is not walked."""
+        for directory in sorted(self.directories, key=len, reverse=True):
+            os.chmod(directory, 0o555, dir_fd=self.fd)
+        os.fchmod(self.fd, 0o555)
 
     def close(self) -> None:
-        if self.current is not None:
-            os.close(self.current)
-            self.current = None
+        with self._lock:
+            for fd in self._shared.values():
+                os.close(fd)
+            self._shared.clear()
+        os.close(self.fd)
 
 
 def _build(
@@ -298,48 +336,49 @@ def _build(
     progress(f"fetching {what}: the file list")
     with without_cyclic_gc():  # 100,000 entries and no cycles
         files, keys = _manifest(connection, mount, what)
+        batches, spans = _batches(files)
     total = sum(f.size for f in files)
-    writer = _TreeWriter(target, files)
+    tree = _Tree(target, files, spans)
     done = 0
     started = last = time.monotonic()
     path = f"{API}/{mount.dataset_id}/versions/{mount.version}/chunks"
 
-    def fetch_and_open(batch: list[tuple[int, str, int]]) -> dict[str, bytes]:
-        """One request's chunks, decrypted and checked (on a worker thread: AES-GCM and
-        SHA-256 let go of the GIL, so this overlaps with the writing and the next fetch)."""
-        wanted = list(dict.fromkeys(sha for _, sha, _ in batch))
-        response = connection.call("POST", path, json={"chunks": wanted}, timeout=300)
-        if response.status_code != 200:
-            raise DatasetError(
-                f"fetching {what}: the server answered HTTP {response.status_code}: "
-                f"{response.text[:300]}"
-            )
-        return _open_chunks(response.content, keys, mount.owner_id, wanted, what)
+    def fetch_and_write(batch: list[_Piece]) -> int:
+        """One request's chunks, decrypted, checked and written, on a worker thread
+        (AES-GCM, SHA-256 and the file calls let go of the GIL, so batches overlap)."""
+        wanted = list(dict.fromkeys(sha for _, _, sha, _ in batch if sha))
+        plain: dict[str, bytes] = {}
+        if wanted:
+            response = connection.call("POST", path, json={"chunks": wanted}, timeout=300)
+            if response.status_code != 200:
+                raise DatasetError(
+                    f"fetching {what}: the server answered HTTP {response.status_code}: "
+                    f"{response.text[:300]}"
+                )
+            plain = _open_chunks(response.content, keys, mount.owner_id, wanted, what)
+        for _, _, sha, length in batch:
+            if length and len(plain[sha]) != length:
+                raise DatasetError(f"{what}: chunk {sha} has {len(plain[sha])} bytes, not {length}")
+        tree.write(batch, plain)
+        return sum(length for _, _, _, length in batch)
 
     workers = ThreadPoolExecutor(max_workers=FETCH_AHEAD, thread_name_prefix="dataset-fetch")
     try:
-        batches = list(_batches(files))
-        coming = deque(workers.submit(fetch_and_open, b) for b in batches[:FETCH_AHEAD])
-        for number, batch in enumerate(batches):
-            plain = coming.popleft().result()
+        tree.make_directories()
+        coming = deque(workers.submit(fetch_and_write, b) for b in batches[:FETCH_AHEAD])
+        for number in range(len(batches)):
+            done += coming.popleft().result()
             if number + FETCH_AHEAD < len(batches):  # keep FETCH_AHEAD requests on their way
-                coming.append(workers.submit(fetch_and_open, batches[number + FETCH_AHEAD]))
-            for index, sha, length in batch:
-                data = plain[sha]
-                if len(data) != length:
-                    raise DatasetError(f"{what}: chunk {sha} has {len(data)} bytes, not {length}")
-                writer.write(index, data)
-                done += length
+                coming.append(workers.submit(fetch_and_write, batches[number + FETCH_AHEAD]))
             now = time.monotonic()
             if now - last >= _PROGRESS_EVERY_S:
                 last = now
                 rate = done / max(now - started, 1e-6) / 1e6
                 progress(f"fetching {what}: {done * 100 // max(total, 1)}% ({rate:.0f} MB/s)")
-        writer.finish()
+        tree.make_read_only()
     finally:
         workers.shutdown(wait=True, cancel_futures=True)
-        writer.close()
-    writer.make_read_only()
+        tree.close()
 
 
 def _open_chunks(
