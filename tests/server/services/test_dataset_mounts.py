@@ -18,7 +18,7 @@ from datasets_support import random_tree, runner_connection, sdk, tree_digests, 
 from factories import Caller, RunnerDouble
 from gpulease.backends.base import RunnerSpec
 from gpulease.backends.fake import FakeBackend
-from gpulease.runner.datasets import DatasetError, links_dir, materialise
+from gpulease.runner.datasets import DatasetError, _batches, _File, links_dir, materialise
 from gpulease.server.db import transaction
 from gpulease.server.orm import StorageKey
 from gpulease.server.runtime import Runtime
@@ -291,3 +291,33 @@ def test_a_request_failing_among_several_in_flight_leaves_nothing_half_made(
         materialise(small_fetches, connection, lambda message: None)
     cache = small_fetches.dataset_cache
     assert cache is not None and list(cache.iterdir()) == [cache / ".locks"]
+
+
+def test_a_file_in_several_requests_is_written_whole_from_their_threads(
+    http: TestClient,
+    small_fetches: RunnerSpec,
+    pushed: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # every chunk its own request: the two-chunk file comes in two, written side by side
+    monkeypatch.setattr("gpulease.runner.datasets.FETCH_BYTES", 1)
+    found = materialise(small_fetches, runner_connection(http, small_fetches.token), lambda m: None)
+    assert tree_digests(found["imgs"]) == pushed
+    assert stat.S_IMODE((found["imgs"] / "deep" / "a" / "b" / "big.bin").stat().st_mode) == 0o444
+
+
+def test_batches_count_the_requests_a_file_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gpulease.runner.datasets.FETCH_CHUNKS", 2)
+    files = [
+        _File("a", 1, ("a1",)),
+        _File("b", 3 * CHUNK_SIZE, ("b1", "b2", "b3")),
+        _File("c", 0, ()),
+        _File("d", 1, ("d1",)),
+    ]
+    batches, spans = _batches(files)
+    assert [[(i, offset // CHUNK_SIZE, sha) for i, offset, sha, _ in b] for b in batches] == [
+        [(0, 0, "a1"), (1, 0, "b1")],
+        [(1, 1, "b2"), (1, 2, "b3"), (2, 0, "")],  # an empty file asks for no chunk
+        [(3, 0, "d1")],
+    ]
+    assert spans == {1: 2}
