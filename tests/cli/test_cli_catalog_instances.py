@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
-import threading
+import time
+from types import SimpleNamespace
 
+import pytest
 from wired_cli import Cli
 
+from gpulease.cli import instances as instances_cli
 from gpulease.cli.output import when
 
 
@@ -68,17 +71,23 @@ def test_instance_refusals_print_the_server_message(cli: Cli) -> None:
     assert bad_count.exit_code == 1 and "at least 1" in bad_count.stderr
 
 
-def test_instance_create_wait_polls_until_running(cli: Cli) -> None:
+def test_instance_create_wait_polls_until_running(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cli.login_as("ann")
-    # The CLI must see it queued first: its create and first poll come well within this,
-    # also on a loaded CI machine (0.3 s was once too short there).
-    later = threading.Timer(1.5, cli.server.cluster.start)
-    later.start()
-    try:
-        created = cli("instance", "create", "--gpu", "A100-80GB:2", "--name", "big", "--wait")
-    finally:
-        later.join()
-    assert created.exit_code == 0, created.output
+    # The cluster starts at the CLI's first wait between polls, which comes only after it
+    # has seen the instance queued and said so: no timer to lose on a loaded machine.
+    started: list[bool] = []
+
+    def sleep_then_start(seconds: float) -> None:
+        if not started:
+            started.append(True)
+            cli.server.cluster.start()
+        time.sleep(seconds)
+
+    monkeypatch.setattr(instances_cli, "time", SimpleNamespace(sleep=sleep_then_start))
+    created = cli("instance", "create", "--gpu", "A100-80GB:2", "--name", "big", "--wait")
+    assert started and created.exit_code == 0, created.output
     assert "big: running" in created.stdout
     assert "instance big: queued" in created.stderr  # progress, once per change, on stderr
 
