@@ -28,14 +28,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from dataset_push import generate, timed  # noqa: E402
+from dataset_push import generate, node_with_dataset, timed  # noqa: E402
 from results import emit  # noqa: E402
 
 
@@ -55,16 +54,7 @@ def main() -> None:
         "--spy", type=Path, help="py-spy (every thread holding the GIL) one more into FILE"
     )
     args = parser.parse_args()
-    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
-    from starlette.testclient import TestClient
-
-    from datasets_support import runner_connection, sdk
-    from factories import make_settings, make_user
-    from gpulease.backends.fake import FakeBackend
     from gpulease.runner.datasets import materialise
-    from gpulease.server.app import create_app
-    from gpulease.server.reconcilers.loop import run_once
-    from gpulease.server.runtime import build_runtime
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -72,85 +62,68 @@ def main() -> None:
         total = generate(tree, args.n, args.size)
         archive = root / "tree.tar"
         subprocess.run(["tar", "cf", str(archive), "-C", str(root), "tree"], check=True)
-        home = root / "server"
-        settings = make_settings(home, f"sqlite:///{home / 'gpulease.db'}")
-        backend = FakeBackend()
-        runtime = build_runtime(settings, backend)
         materialised: list[float] = []
         extracted: list[float] = []
         against: list[float] = []
-        try:
-            with TestClient(create_app(settings, runtime=runtime, reconcilers=False)) as http:
-                ann = make_user(http, "ann")
-                sdk(ann).datasets.push(tree, "cats", use_index=False)
-                created = ann.post("/api/v1/instances", json={"datasets": ["cats"]})
-                assert created.status_code == 201, created.text
-                run_once(runtime)
-                handle = backend.handle_for(int(created.json()["id"]))
-                assert handle is not None
-                spec = backend.runners[handle].spec
-                connection = runner_connection(http, spec.token)
+        with node_with_dataset(root / "server", tree) as (spec, connection):
 
-                def node(run: str, module: Any = None) -> float:
-                    started = time.perf_counter()
-                    (module.materialise if module else materialise)(
-                        replace(spec, dataset_cache=root / f"cache-{run}"),
-                        connection,
-                        lambda message: None,
-                    )
-                    return time.perf_counter() - started
+            def node(run: str, module: Any = None) -> float:
+                started = time.perf_counter()
+                (module.materialise if module else materialise)(
+                    replace(spec, dataset_cache=root / f"cache-{run}"),
+                    connection,
+                    lambda message: None,
+                )
+                return time.perf_counter() - started
 
-                def untar(run: str) -> float:
-                    target = root / f"untar-{run}"
-                    target.mkdir()
-                    return timed(["tar", "xf", str(archive), "-C", str(target)])
+            def untar(run: str) -> float:
+                target = root / f"untar-{run}"
+                target.mkdir()
+                return timed(["tar", "xf", str(archive), "-C", str(target)])
 
-                steps: list[tuple[list[float], Callable[[str], float]]] = [
-                    (extracted, untar),
-                    (materialised, node),
-                ]
-                if args.against:
-                    other = _load(args.against)
-                    steps.append((against, lambda run: node(f"against-{run}", other)))
-                for run in range(args.runs):  # in turns, each first in some runs
-                    for times, step in steps[run % len(steps) :] + steps[: run % len(steps)]:
-                        times.append(step(str(run)))
-                    print(
-                        f"run {run + 1}: materialise {materialised[-1]:.3f} s, "
-                        f"tar xf {extracted[-1]:.3f} s"
-                        + (f", {args.against.name} {against[-1]:.3f} s" if against else ""),
-                        flush=True,
-                    )
-                if args.profile:
-                    profiler = cProfile.Profile()
-                    profiler.enable()
-                    node("profiled")
-                    profiler.disable()
-                    profiler.dump_stats(args.profile)
-                if args.spy:
-                    spy = subprocess.Popen(
-                        [
-                            str(Path(sys.executable).parent / "py-spy"),
-                            "record",
-                            "--gil",
-                            "--threads",
-                            "-r",
-                            "200",
-                            "-f",
-                            "raw",
-                            "-o",
-                            str(args.spy),
-                            "-p",
-                            str(os.getpid()),
-                        ],
-                    )
-                    time.sleep(1)  # py-spy attaches
-                    node("spied")
-                    spy.send_signal(signal.SIGINT)
-                    spy.wait()
-                connection.close()
-        finally:
-            runtime.engine.dispose()
+            steps: list[tuple[list[float], Callable[[str], float]]] = [
+                (extracted, untar),
+                (materialised, node),
+            ]
+            if args.against:
+                other = _load(args.against)
+                steps.append((against, lambda run: node(f"against-{run}", other)))
+            for run in range(args.runs):  # in turns, each first in some runs
+                for times, step in steps[run % len(steps) :] + steps[: run % len(steps)]:
+                    times.append(step(str(run)))
+                print(
+                    f"run {run + 1}: materialise {materialised[-1]:.3f} s, "
+                    f"tar xf {extracted[-1]:.3f} s"
+                    + (f", {args.against.name} {against[-1]:.3f} s" if against else ""),
+                    flush=True,
+                )
+            if args.profile:
+                profiler = cProfile.Profile()
+                profiler.enable()
+                node("profiled")
+                profiler.disable()
+                profiler.dump_stats(args.profile)
+            if args.spy:
+                spy = subprocess.Popen(
+                    [
+                        str(Path(sys.executable).parent / "py-spy"),
+                        "record",
+                        "--gil",
+                        "--threads",
+                        "-r",
+                        "200",
+                        "-f",
+                        "raw",
+                        "-o",
+                        str(args.spy),
+                        "-p",
+                        str(os.getpid()),
+                    ],
+                )
+                time.sleep(1)  # py-spy attaches
+                node("spied")
+                spy.send_signal(signal.SIGINT)
+                spy.wait()
         seconds, baseline = statistics.median(materialised), statistics.median(extracted)
         ratio = seconds / baseline
         print(

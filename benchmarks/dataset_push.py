@@ -30,6 +30,7 @@ them; its wall time is printed too).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -39,8 +40,10 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -158,30 +161,28 @@ def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[
     return rows, tree
 
 
-def bench_node(root: Path, tree: Path, args: argparse.Namespace, console: Console) -> list[Row]:
+@contextlib.contextmanager
+def node_with_dataset(home: Path, tree: Path) -> Iterator[tuple[Any, Any]]:
+    """An in-process server (SQLite under `home`, a fake backend) with `tree` pushed as
+    dataset "cats" and an instance that mounts it: yields that instance's runner spec and a
+    runner connection to the app, for timing the runner's materialise()."""
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
     from datasets_support import runner_connection, sdk
     from factories import make_settings, make_user
     from gpulease.backends.fake import FakeBackend
-    from gpulease.runner.datasets import materialise
     from gpulease.server.app import create_app
     from gpulease.server.reconcilers.loop import run_once
     from gpulease.server.runtime import build_runtime
 
-    home = root / "node-server"
     settings = make_settings(home, f"sqlite:///{home / 'gpulease.db'}")
     backend = FakeBackend()
     runtime = build_runtime(settings, backend)
-    archive = root / "tree.tar"
-    subprocess.run(["tar", "cf", str(archive), "-C", str(tree.parent), tree.name], check=True)
-    materialised, extracted = [], []
     try:
         with TestClient(create_app(settings, runtime=runtime, reconcilers=False)) as http:
             ann = make_user(http, "ann")
-            with console.status("node side: pushing the tree to an in-process server"):
-                sdk(ann).datasets.push(tree, "cats", use_index=False)
+            sdk(ann).datasets.push(tree, "cats", use_index=False)
             created = ann.post("/api/v1/instances", json={"datasets": ["cats"]})
             assert created.status_code == 201, created.text
             run_once(runtime)
@@ -189,20 +190,34 @@ def bench_node(root: Path, tree: Path, args: argparse.Namespace, console: Consol
             assert handle is not None
             spec = backend.runners[handle].spec
             connection = runner_connection(http, spec.token)
-            for run in range(args.runs):
-                with console.status(f"materialise {run + 1}/{args.runs}"):
-                    target = root / f"untar-{run}"
-                    target.mkdir()
-                    extracted.append(timed(["tar", "xf", str(archive), "-C", str(target)]))
-                    cache = root / f"node-cache-{run}"
-                    started = time.perf_counter()
-                    found = materialise(
-                        replace(spec, dataset_cache=cache), connection, lambda message: None
-                    )
-                    materialised.append(time.perf_counter() - started)
-            connection.close()
+            try:
+                yield spec, connection
+            finally:
+                connection.close()
     finally:
         runtime.engine.dispose()
+
+
+def bench_node(root: Path, tree: Path, args: argparse.Namespace, console: Console) -> list[Row]:
+    from gpulease.runner.datasets import materialise
+
+    archive = root / "tree.tar"
+    subprocess.run(["tar", "cf", str(archive), "-C", str(tree.parent), tree.name], check=True)
+    materialised, extracted = [], []
+    with contextlib.ExitStack() as stack:
+        with console.status("node side: pushing the tree to an in-process server"):
+            spec, connection = stack.enter_context(node_with_dataset(root / "node-server", tree))
+        for run in range(args.runs):
+            with console.status(f"materialise {run + 1}/{args.runs}"):
+                target = root / f"untar-{run}"
+                target.mkdir()
+                extracted.append(timed(["tar", "xf", str(archive), "-C", str(target)]))
+                cache = root / f"node-cache-{run}"
+                started = time.perf_counter()
+                found = materialise(
+                    replace(spec, dataset_cache=cache), connection, lambda message: None
+                )
+                materialised.append(time.perf_counter() - started)
     version_dir = found["cats"]
     plain = root / "untar-0" / tree.name
     jobs, plains = [], []
