@@ -29,7 +29,7 @@ TRIGGER = "runs_delete_metric_points"
 
 def create_points_trigger() -> None:
     """The trigger that deletes a run's metric points with the run."""
-    if op.get_bind().dialect.name == "postgresql":
+    if _postgres():
         # OR REPLACE: dropping every table (backups' restore --force) leaves functions
         op.execute(
             "CREATE OR REPLACE FUNCTION runs_delete_metric_points() RETURNS trigger "
