@@ -27,3 +27,17 @@ def test_a_ranks_lines_are_prefixed_whole_even_when_chunks_split_them(
     got = capsys.readouterr()
     assert got.out == "(rank 1) epoch 1 loss 0.5\n(rank 1) epoch 2\n(rank 1) last\n"
     assert got.err == "(rank 1) warn\n"
+
+
+def test_rank_0_unprefixed_and_rank_1_never_share_a_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`print` writes its text and its newline apart, so rank 0's line may reach the CLI in
+    two chunks with rank 1's whole line between them."""
+    leader, other = RankPrinter(0, prefixed=False), RankPrinter(1)
+    leader.write(chunk(0, "sum=3 rank=0"))
+    other.write(chunk(0, "sum=3 rank=1\n"))
+    leader.write(chunk(1, "\n"))
+    leader.close()
+    other.close()
+    assert capsys.readouterr().out.splitlines() == ["(rank 1) sum=3 rank=1", "sum=3 rank=0"]

@@ -1,5 +1,6 @@
 """`gpulease run` for a multi-node task: one run per rank, rank 0 followed, the other ranks'
-output printed beside it line by line, each line prefixed `(rank K)`."""
+output printed beside it line by line, each line prefixed `(rank K)`; rank 0's lines come
+unprefixed but whole too, so no two ranks' lines ever share one."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ TRAIL_S = 30.0
 
 
 class RankPrinter:
-    """Writes one rank's output as whole lines, each prefixed `(rank K) `, on the stream the
-    job used; lines of different ranks never interleave mid-line."""
+    """Writes one rank's output as whole lines, each prefixed `(rank K) ` (unless `prefixed`
+    is false: the followed rank 0), on the stream the job used; lines of different ranks
+    never interleave mid-line."""
 
     lock = threading.Lock()
 
-    def __init__(self, rank: int) -> None:
-        self.prefix = f"(rank {rank}) "
+    def __init__(self, rank: int, prefixed: bool = True) -> None:
+        self.prefix = f"(rank {rank}) " if prefixed else ""
         self.partial = {"stdout": "", "stderr": ""}
 
     def write(self, chunk: LogChunkPublic) -> None:
@@ -63,12 +65,13 @@ def run_gang(
     leader: InstancePublic,
     archive: WorkdirArchive | None,
     release: Callable[[int, str], None],
-    follow: Callable[[int], EndEvent],
+    follow: Callable[[int, Callable[[LogChunkPublic], None]], EndEvent],
     finish: Callable[[int, int], str],
     exit_code: Callable[[int, EndEvent], int],
 ) -> Attempt:
     """Start the task on every rank of the gang led by `leader`, follow rank 0 (with
-    `follow`) and print the others' output prefixed; rank 0's exit code is the task's."""
+    `follow`, given the writer for its output) and print the others' output prefixed; rank
+    0's exit code is the task's."""
     members = gang_members(client, leader)
     note(f"{len(members)} nodes: instances {', '.join(m.name for m in members)}")
     runs: list[RunPublic] = []
@@ -91,7 +94,11 @@ def run_gang(
         ]
         for thread in followers:
             thread.start()
-        end = follow(runs[0].id)
+        leader_printer = RankPrinter(0, prefixed=False)
+        try:
+            end = follow(runs[0].id, leader_printer.write)
+        finally:
+            leader_printer.close()
         for thread in followers:
             thread.join(TRAIL_S)
     except KeyboardInterrupt:

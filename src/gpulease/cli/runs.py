@@ -7,7 +7,7 @@ import re
 import secrets
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -112,14 +112,19 @@ class _ReconnectNotice:
             note(f"lost the log stream ({reason}); reconnecting, the job keeps running")
 
 
-def stream_run(client: GpuleaseClient, run_id: int, after: int = -1) -> EndEvent:
-    """Print the run's output live until it ends; survives server restarts."""
+def stream_run(
+    client: GpuleaseClient,
+    run_id: int,
+    after: int = -1,
+    write: Callable[[LogChunkPublic], None] = write_chunk,
+) -> EndEvent:
+    """Print the run's output live (with `write`) until it ends; survives server restarts."""
     events = client.runs.stream(
         run_id, position(after), metrics=False, on_reconnect=_ReconnectNotice()
     )
     for event in events:
         if isinstance(event, LogEvent):
-            write_chunk(event.chunk)
+            write(event.chunk)
         elif isinstance(event, EndEvent):
             return event
     raise ClientError(f"the log stream of run {run_id} ended without its end")  # not reached
@@ -476,7 +481,7 @@ def _run_task(client: GpuleaseClient, spec: TaskSpec, archive: WorkdirArchive | 
             instance,
             archive,
             lambda i, name: _release(client, i, name),
-            lambda run_id: stream_run(client, run_id),
+            lambda run_id, write: stream_run(client, run_id, write=write),
             lambda run_id, i: finish_line(client, run_id, i),
             lambda run_id, end: exit_code_of(client, run_id, end),
         )
