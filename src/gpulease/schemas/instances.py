@@ -57,6 +57,9 @@ class InstancePublic(BaseModel):
     gang_id: int | None = None
     gang_rank: int | None = None
     gang_size: int | None = None
+    # A rank's address on the job fabric (GPULEASE_FABRIC_CIDR), which its gang's other ranks
+    # reach it at; given when its gang is placed, held while a rank of its gang is live.
+    fabric_address: str | None = None
     # A queued instance: the scheduler's reason, estimated start and what that estimate
     # rests on (None otherwise); and, queued or holding GPUs, where its expected duration
     # comes from ("declared 2 h", "learned from your last 5 runs of train", "no duration known").

@@ -17,40 +17,47 @@ from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance, Node, Run
 from gpulease.server.runtime import Runtime
 from gpulease.server.services.instances import gangs
-from gpulease.server.services.instances.states import STOPPED, STOPPING, switch_status
+from gpulease.server.services.instances.states import STARTING, STOPPED, STOPPING, switch_status
 from gpulease.server.settings import Settings
 
 MODEL = "A100-80GB"
 SECOND_HOST = "10.0.0.2"
 
 
-@pytest.fixture
-def two_nodes(rt: Runtime, ann: Caller) -> dict[int, str]:
-    """The fixture's node beside a second one with two A100s: node id -> hostname."""
+def add_node(rt: Runtime, name: str, hostname: str, gpus: int = 2) -> int:
+    """A ready node with `gpus` simulated A100s beside the fixture's; its id."""
     with transaction(rt.sessions) as session:
         now = utcnow()
         node = Node(
-            name="gpu-2",
+            name=name,
             backend="fake",
-            hostname=SECOND_HOST,
+            hostname=hostname,
             status="ready",
             registered_at=now,
             last_seen_at=now,
         )
         session.add(node)
         session.flush()
-        for index in range(2):
+        for index in range(gpus):
             session.add(
                 Gpu(
                     node_id=node.id,
                     index=index,
-                    uuid=f"sim-gpu-2-{index}",
+                    uuid=f"sim-{name}-{index}",
                     nvml_name=MODEL,
                     model=MODEL,
                     memory_mb=81920,
                     simulated=True,
                 )
             )
+        return node.id
+
+
+@pytest.fixture
+def two_nodes(rt: Runtime, ann: Caller) -> dict[int, str]:
+    """The fixture's node beside a second one with two A100s: node id -> hostname."""
+    add_node(rt, "gpu-2", SECOND_HOST)
+    with transaction(rt.sessions) as session:
         return {n.id: n.hostname for n in session.scalars(select(Node))}
 
 
@@ -332,3 +339,316 @@ def test_an_address_another_replica_gave_meanwhile_is_not_given_twice(
     tick()
     placed = fabric_addresses(rt, mine) + fabric_addresses(rt, theirs)
     assert None not in placed and len(set(placed)) == 4, placed
+
+
+# -- stop, start and release: the whole run, whichever rank they are asked of ---------------
+
+
+def ranks(caller: Caller, gang_id: int) -> list[dict[str, object]]:
+    """The caller's view of the gang's instances, in rank order."""
+    got = [i for i in caller.get("/api/v1/instances").json() if i["gang_id"] == gang_id]
+    return sorted(got, key=lambda i: int(str(i["gang_rank"])))
+
+
+def end_runners(rt: Runtime, backend: FakeBackend, gang_id: int, tick: Callable[[], None]) -> None:
+    """Every rank's runner has exited, as each does once told to stop; the launcher sees it."""
+    with transaction(rt.sessions) as session:
+        ids = [m.id for m in gangs.members(session, gang_id)]
+    for instance_id in ids:
+        handle = backend.handle_for(instance_id)
+        if handle is not None:
+            backend.set_alive(handle, False)
+    tick()
+
+
+def stopped_gang(
+    ann: Caller, rt: Runtime, backend: FakeBackend, tick: Callable[[], None], name: str = "dist"
+) -> int:
+    """A two-rank run that was placed and then stopped whole: rank 0's id."""
+    gang_id = int(str(gang(ann, name=name)["id"]))
+    tick()
+    assert [m[0] for m in members(rt, gang_id)] == ["starting", "starting"]
+    r = ann.post(f"/api/v1/instances/{gang_id}/stop")
+    assert r.status_code == 200, r.text
+    end_runners(rt, backend, gang_id, tick)
+    assert [m[0] for m in members(rt, gang_id)] == ["stopped", "stopped"]
+    return gang_id
+
+
+@pytest.mark.parametrize("asked", [0, 1])
+def test_stopping_any_rank_stops_the_whole_run_and_tells_every_rank_why(
+    ann: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+    asked: int,
+) -> None:
+    gang_id = int(str(gang(ann)["id"]))
+    tick()
+    name = "dist" if asked == 0 else "dist-1"
+    r = ann.post(f"/api/v1/instances/{name}/stop")
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "stopping"
+    both = ranks(ann, gang_id)
+    assert [m["status"] for m in both] == ["stopping", "stopping"]  # at once, not a tick later
+    assert both[asked]["status_reason"] == "stopped by its owner"
+    other = both[1 - asked]
+    assert other["status_reason"] == (
+        f"stopped by its owner (with rank {asked} of its multi-node run, which stops as one)"
+    )
+    end_runners(rt, backend, gang_id, tick)
+    both = ranks(ann, gang_id)
+    assert [m["status"] for m in both] == ["stopped", "stopped"]
+    assert [m["desired_state"] for m in both] == ["stopped", "stopped"]
+    assert "with rank" in str(both[1 - asked]["status_reason"])  # kept once stopped
+
+
+def test_a_queued_run_stops_whole_at_once(
+    ann: Caller, rt: Runtime, two_nodes: dict[int, str]
+) -> None:
+    gang_id = int(str(gang(ann)["id"]))
+    r = ann.post("/api/v1/instances/dist-1/stop")
+    assert r.status_code == 200 and r.json()["status"] == "stopped", r.text
+    assert [m[0] for m in members(rt, gang_id)] == ["stopped", "stopped"]
+
+
+@pytest.mark.parametrize("asked", ["dist", "dist-1"])
+def test_starting_any_rank_queues_the_whole_run_as_one_request_and_it_starts_together(
+    ann: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+    asked: str,
+) -> None:
+    gang_id = stopped_gang(ann, rt, backend, tick)
+    launched = len(backend.started)
+    r = ann.post(f"/api/v1/instances/{asked}/start")
+    assert r.status_code == 200, r.text
+    leader, follower = ranks(ann, gang_id)
+    assert (leader["status"], follower["status"]) == ("queued", "queued")
+    assert leader["queue_position"] == 1 and follower["queue_position"] is None  # one request
+    assert "rank 0 (dist) stands in the queue for its 2 nodes" in str(follower["status_message"])
+    assert "dist-1: queued" not in str(follower["status_message"])
+    tick()
+    placed = members(rt, gang_id)
+    assert [m[0] for m in placed] == ["starting", "starting"], placed
+    assert len({m[1] for m in placed}) == 2
+    again = backend.started[launched:]
+    assert sorted(spec.instance_id for spec in again) == sorted(
+        int(str(m["id"])) for m in (leader, follower)
+    )
+    for spec in again:
+        assert spec.extra_env["WORLD_SIZE"] == "2"
+        assert spec.extra_env["NODE_RANK"] == ("0" if spec.instance_id == gang_id else "1")
+    # a start of a run already started is a no-op, as for one instance
+    r = ann.post("/api/v1/instances/dist-1/start")
+    assert r.status_code == 200 and r.json()["status"] == "starting", r.text
+
+
+def test_each_rank_goes_back_to_its_own_node_among_those_it_is_given(
+    ann: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+) -> None:
+    gang_id = stopped_gang(ann, rt, backend, tick)
+    ann.post(f"/api/v1/instances/{gang_id}/start")
+    with transaction(rt.sessions) as session:
+        homes = [m.last_node_id for m in gangs.members(session, gang_id)]
+        assert None not in homes
+        free = {
+            (n, MODEL): [g.id for g in session.scalars(select(Gpu).where(Gpu.node_id == n))]
+            for n in two_nodes
+        }
+        offered = tuple(reversed([n for n in homes if n is not None]))  # the policy's order
+        assert gangs.start_gang(session, gang_id, offered, free) == 2
+        assert [m.node_id for m in gangs.members(session, gang_id)] == homes
+
+
+def test_a_restarted_rank_whose_node_is_full_moves_with_its_workspace_and_its_owner_is_told(
+    ann: Caller,
+    bob: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+) -> None:
+    gang_id = stopped_gang(ann, rt, backend, tick)
+    add_node(rt, "gpu-3", "10.0.0.3")
+    r = bob.post("/api/v1/instances", json={"gpu": f"{MODEL}:2", "name": "filler"})
+    assert r.status_code == 201, r.text
+    with transaction(rt.sessions) as session:  # bob's instance holds rank 0's last node
+        homes = {m.gang_rank: m.last_node for m in gangs.members(session, gang_id)}
+        full, kept = homes[0], homes[1]
+        assert full is not None and kept is not None
+        full_id, full_name, kept_id = full.id, full.name, kept.id
+        filler = session.get(Instance, int(r.json()["id"]))
+        assert filler is not None
+        for gpu in session.scalars(select(Gpu).where(Gpu.node_id == full_id, Gpu.model == MODEL)):
+            gpu.instance_id = filler.id
+        filler.node_id = full_id
+        switch_status(session, filler, STARTING, "")
+    launched = len(backend.started)
+    r = ann.post("/api/v1/instances/dist-1/start")
+    assert r.status_code == 200, r.text
+    tick()
+    with transaction(rt.sessions) as session:
+        now = [(m.id, m.status, m.node_id) for m in gangs.members(session, gang_id)]
+    assert [status for _, status, _ in now] == ["starting", "starting"], now
+    assert now[0][2] not in (full_id, kept_id) and now[1][2] == kept_id, now
+    specs = {spec.instance_id: spec for spec in backend.started[launched:]}
+    assert specs[gang_id].workspace_restore  # rank 0's saved copy is fetched on its new node
+    assert not specs[now[1][0]].workspace_restore  # rank 1 is back where its workspace is
+    said = [n["message"] for n in ann.get("/api/v1/notifications").json()]
+    moved = [m for m in said if m.startswith(f"instance dist moved from {full_name} to gpu-3")]
+    assert moved and f"node {full_name} is full" in moved[0], said
+
+
+def test_a_run_that_cannot_start_whole_is_refused_with_what_to_do(
+    ann: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+) -> None:
+    gang_id = int(str(gang(ann)["id"]))
+    tick()
+    end_rank(rt, gang_id, 1)  # rank 1's run succeeded and it stopped; rank 0 still works
+    r = ann.post("/api/v1/instances/dist-1/start")
+    assert r.status_code == 409, r.text
+    assert "rank 0 (dist) of the multi-node run dist is still starting" in r.json()["detail"]
+    assert "`gpulease instance stop dist`" in r.json()["detail"]
+    ann.post("/api/v1/instances/dist/stop")  # rank 0's runner has not ended yet
+    r = ann.post("/api/v1/instances/dist-1/start")
+    assert r.status_code == 409 and "is still stopping" in r.json()["detail"], r.text
+    end_runners(rt, backend, gang_id, tick)
+    r = ann.post("/api/v1/instances/dist-1/start", json={"no_gpu": True})
+    assert r.status_code == 409 and "without --no-gpu" in r.json()["detail"], r.text
+    # a rank resized on its own no longer matches the others
+    r = ann.post("/api/v1/instances/dist-1/resize", json={"gpu_model": MODEL, "gpu_count": 2})
+    assert r.status_code == 200, r.text
+    r = ann.post("/api/v1/instances/dist/start")
+    assert r.status_code == 409, r.text
+    assert f"rank 1 (dist-1) of the multi-node run dist has {MODEL} × 2" in r.json()["detail"]
+    ann.post("/api/v1/instances/dist-1/resize", json={"gpu_model": MODEL, "gpu_count": 1})
+    # a node that left: the cluster no longer holds the run
+    with transaction(rt.sessions) as session:
+        node = session.scalars(select(Node).where(Node.name == "gpu-2")).one()
+        node.status = "gone"
+    r = ann.post("/api/v1/instances/dist/start")
+    assert r.status_code == 409, r.text
+    assert "2 nodes with A100-80GB × 1 each are needed and 1 has" in r.json()["detail"]
+    assert [m[0] for m in members(rt, gang_id)] == ["stopped", "stopped"]  # nothing changed
+
+
+def test_a_run_missing_a_released_rank_cannot_start(
+    ann: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+) -> None:
+    gang_id = stopped_gang(ann, rt, backend, tick)
+    with transaction(rt.sessions) as session:  # as a server before whole-run releases left it
+        switch_status(session, gangs.members(session, gang_id)[1], "released", "released")
+    r = ann.post("/api/v1/instances/dist/start")
+    assert r.status_code == 409, r.text
+    assert "rank 1 (dist-1) of the multi-node run dist was released" in r.json()["detail"]
+    assert [m[0] for m in members(rt, gang_id)] == ["stopped", "released"]
+
+
+@pytest.mark.parametrize("asked", ["dist", "dist-1"])
+def test_releasing_any_rank_releases_the_whole_run(
+    ann: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+    asked: str,
+) -> None:
+    gang_id = int(str(gang(ann)["id"]))
+    tick()
+    r = ann.post(f"/api/v1/instances/{asked}/release")
+    assert r.status_code == 200, r.text
+    both = ranks(ann, gang_id)
+    assert [(m["status"], m["desired_state"]) for m in both] == [("stopping", "released")] * 2
+    told = [str(m["status_reason"]) for m in both if m["name"] != asked]
+    assert told == [
+        f"released by its owner (with rank {0 if asked == 'dist' else 1} of its multi-node "
+        "run, which goes as one)"
+    ]
+    end_runners(rt, backend, gang_id, tick)
+    assert [m[0] for m in members(rt, gang_id)] == ["released", "released"]
+    # a stopped run is released whole at once
+    second = stopped_gang(ann, rt, backend, tick, name="other")
+    r = ann.post("/api/v1/instances/other-1/release")
+    assert r.status_code == 200 and r.json()["status"] == "released", r.text
+    assert [m[0] for m in members(rt, second)] == ["released", "released"]
+
+
+def test_another_user_cannot_stop_start_or_release_a_rank(
+    ann: Caller,
+    bob: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+) -> None:
+    gang_id = int(str(gang(ann)["id"]))
+    tick()
+    rank1 = ranks(ann, gang_id)[1]
+    for action in ("stop", "start", "release"):
+        for ref in (str(gang_id), str(rank1["id"]), "dist-1"):
+            r = bob.post(f"/api/v1/instances/{ref}/{action}")
+            assert r.status_code == 404, (action, ref, r.text)
+    assert [m[0] for m in members(rt, gang_id)] == ["starting", "starting"]
+    r = ann.post("/api/v1/instances/dist-9/stop")  # a rank the run does not have
+    assert r.status_code == 404, r.text
+
+
+def test_a_start_pays_for_every_rank_of_the_run(
+    ann: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    settings: Settings,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+) -> None:
+    gang_id = stopped_gang(ann, rt, backend, tick)
+    hourly = int(str(ranks(ann, gang_id)[0]["hourly_micro"]))
+    balance = int(ann.get("/api/v1/balance").json()["balance_micro"])
+    # minutes enough that the wallet pays them for one rank and not for two
+    settings.min_start_minutes = balance * 60 * 3 // (4 * hourly)
+    r = ann.post("/api/v1/instances/dist-1/start")
+    assert r.status_code == 402, r.text
+    assert "this run of 2 nodes costs" in r.json()["detail"]
+    assert [m[0] for m in members(rt, gang_id)] == ["stopped", "stopped"]
+    r = ann.post("/api/v1/instances", json={"gpu": f"{MODEL}:1", "num_nodes": 2, "name": "n"})
+    assert r.status_code == 402 and "this run of 2 nodes costs" in r.json()["detail"], r.text
+    r = ann.post("/api/v1/instances", json={"gpu": f"{MODEL}:1", "name": "one"})
+    assert r.status_code == 201, r.text  # one rank's worth is there
+
+
+def test_a_restarted_run_gets_fabric_addresses_again_on_a_full_fabric(
+    ann: Caller,
+    rt: Runtime,
+    backend: FakeBackend,
+    settings: Settings,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+) -> None:
+    settings.fabric_cidr = "10.213.0.0/30"  # two addresses: this gang's, taken at its first start
+    gang_id = stopped_gang(ann, rt, backend, tick)
+    held = fabric_addresses(rt, gang_id)
+    assert sorted(a for a in held if a) == ["10.213.0.1", "10.213.0.2"]
+    assert [m["fabric_address"] for m in ranks(ann, gang_id)] == held
+    r = ann.post("/api/v1/instances/dist-1/start")
+    assert r.status_code == 200, r.text
+    tick()
+    assert [m[0] for m in members(rt, gang_id)] == ["starting", "starting"]
+    assert sorted(str(a) for a in fabric_addresses(rt, gang_id)) == ["10.213.0.1", "10.213.0.2"]
+    detail = ann.get("/api/v1/instances/dist-1").json()
+    assert detail["fabric_address"] == fabric_addresses(rt, gang_id)[1]

@@ -4,7 +4,9 @@ Each member is an ordinary instance (its own GPUs, runner, billing segment and l
 carries its gang's id (rank 0's instance id), its rank and the gang's size. Only rank 0
 stands in the scheduler's queue, asking for `size` nodes; when the policy places it, every
 member takes its GPUs on its own node in one transaction (start_gang). The launcher gives
-each member's runner the variables torchrun and SkyPilot expect (rank_env).
+each member's runner the variables torchrun and SkyPilot expect (rank_env). Stopping,
+starting or releasing any member does it to the whole gang (lifecycle.py): a start queues
+rank 0 again for all the nodes, and each member goes back to its last node when it can.
 
 With a job fabric (GPULEASE_FABRIC_CIDR, docs/ray.md) each member also gets an address in
 that range when its gang is placed: its runner puts it on a macvlan in the instance's
@@ -18,15 +20,15 @@ from __future__ import annotations
 
 import ipaddress
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog, parse_accelerators
-from gpulease.core.errors import InvalidInput, Unavailable
+from gpulease.core.errors import InvalidInput
 from gpulease.schemas.instances import InstanceCreate
 from gpulease.schemas.runner import FabricLink
-from gpulease.server.orm import Gpu, Instance, Node, Run, User
+from gpulease.server.orm import Gpu, Instance, Run, User
 from gpulease.server.services import ledger
 from gpulease.server.services.billing import plans
 from gpulease.server.services.instances import lifecycle, opening
@@ -76,48 +78,28 @@ def open_gang(
             f"the job fabric {fabric} holds {_capacity(fabric)} ranks and this run has "
             f"{size}; ask for num_nodes: {_capacity(fabric)} or fewer"
         )
-    _check_enough_nodes(session, catalog.get(model).name, count, size)
-    members: list[Instance] = []
+    lifecycle.check_enough_nodes(session, catalog.get(model).name, count, size)
+    ranks: list[Instance] = []
     for rank in range(size):
         name = None if spec.name is None else (spec.name if rank == 0 else f"{spec.name}-{rank}")
         member = spec.model_copy(update={"name": name, "num_nodes": 1})
-        members.append(
+        ranks.append(
             opening.open_instance(session, owner, member, catalog=catalog, settings=settings)
         )
     session.flush()
-    for rank, instance in enumerate(members):
-        instance.gang_id = members[0].id
+    # each rank passed the wallet's check alone; the run starts all its ranks at once
+    lifecycle.check_can_start(session, catalog, ranks[0], settings.min_start_minutes, ranks=size)
+    for rank, instance in enumerate(ranks):
+        instance.gang_id = ranks[0].id
         instance.gang_rank = rank
         instance.gang_size = size
+        if rank and not instance.status_message:
+            instance.status_message = lifecycle.waiting_with_leader(ranks[0])
     session.flush()
-    return members
+    return ranks
 
 
-def _check_enough_nodes(session: Session, model: str, count: int, size: int) -> None:
-    per_node = (
-        select(Gpu.node_id)
-        .join(Node, Node.id == Gpu.node_id)
-        .where(Gpu.model == model, Gpu.present.is_(True), Node.status == "ready")
-        .group_by(Gpu.node_id)
-        .having(func.count(Gpu.id) >= count)
-        .subquery()
-    )
-    having = session.scalar(select(func.count()).select_from(per_node)) or 0
-    if having < size:
-        raise Unavailable(
-            f"{size} nodes with {model} × {count} each are needed and {having} "
-            f"{'has' if having == 1 else 'have'} that many; ask for num_nodes: {having} or "
-            "fewer GPUs per node"
-        )
-
-
-def members(session: Session, gang_id: int) -> list[Instance]:
-    """The gang's instances in rank order."""
-    return list(
-        session.scalars(
-            select(Instance).where(Instance.gang_id == gang_id).order_by(Instance.gang_rank)
-        )
-    )
+members = lifecycle.gang_members  # the gang's instances in rank order
 
 
 def start_gang(
@@ -129,11 +111,13 @@ def start_gang(
 ) -> int:
     """Place the gang of queued rank 0 `leader_id` on `node_ids` (one per rank, distinct):
     each member takes its GPUs there (and an address of `fabric` when given) and starts,
-    all in one nested transaction, or none does. `free_ids` is the free GPU ids per
-    (node, model); those taken leave it. Returns how many instances started."""
+    all in one nested transaction, or none does. A member goes back to the node it last
+    ran on when that node is one of them (its workspace is there). `free_ids` is the free
+    GPU ids per (node, model); those taken leave it. Returns how many instances started."""
     gang = members(session, leader_id)
     if len(gang) != len(node_ids) or len(set(node_ids)) != len(node_ids):
         return 0
+    node_ids = _homes_first(gang, node_ids)
     if any(m.status != QUEUED for m in gang):
         return 0
     leader = gang[0]
@@ -167,6 +151,17 @@ def start_gang(
         ids = free_ids[(node_id, member.gpu_model)]
         del ids[: len(gpu_ids)]
     return len(gang)
+
+
+def _homes_first(gang: list[Instance], node_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """node_ids in rank order: each rank on its last node where that is one of them, the
+    other ranks on the rest in the policy's order (each has the GPUs: the ranks are alike)."""
+    homes: list[int | None] = []
+    for member in gang:
+        home = member.last_node_id
+        homes.append(home if home in node_ids and home not in homes else None)
+    rest = [n for n in node_ids if n not in homes]
+    return tuple(rest.pop(0) if home is None else home for home in homes)
 
 
 def _take(
@@ -250,7 +245,7 @@ def stop_broken(session: Session) -> int:
         why = broken.status_reason or broken.status
         for member in gang:
             if member.status in live:
-                lifecycle.stop_instance(
+                lifecycle.stop_one(
                     session, member, f"rank {broken.gang_rank} of its run ended: {why}"[:500]
                 )
                 stopped += 1

@@ -1,4 +1,8 @@
-"""What renters ask of instances: create, list, show, stop, start, release."""
+"""What renters ask of instances: create, list, show, stop, start, release.
+
+A rank of a multi-node run (services/instances/gangs.py) is useless without the others, so
+stop, start and release act on its whole gang, whichever rank they are asked of.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +14,17 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog, parse_accelerators
-from gpulease.core.errors import Conflict, InvalidInput, NotFound, PaymentRequired
+from gpulease.core.errors import Conflict, InvalidInput, NotFound, PaymentRequired, Unavailable
 from gpulease.core.ids import parse_id
 from gpulease.core.money import cost_for_seconds, format_credits
 from gpulease.scheduler.fifo import Request
 from gpulease.server.db import utcnow
-from gpulease.server.orm import Instance, User
+from gpulease.server.orm import Gpu, Instance, Node, User
 from gpulease.server.services import ledger, nodes, templates
 from gpulease.server.services.billing import limits, offpeak, plans, teams
 from gpulease.server.services.instances import queue, resize
 from gpulease.server.services.instances.states import (
+    ACTIVE,
     FAILED,
     QUEUED,
     RELEASED,
@@ -44,19 +49,21 @@ def upfront_cost(catalog: Catalog, instance: Instance, min_minutes: int) -> int:
 
 
 def check_can_start(
-    session: Session, catalog: Catalog, instance: Instance, min_minutes: int
+    session: Session, catalog: Catalog, instance: Instance, min_minutes: int, *, ranks: int = 1
 ) -> None:
-    """Refuse a start the wallet cannot pay for or that would break a spending cap."""
+    """Refuse a start the wallet cannot pay for or that would break a spending cap; `ranks`
+    instances like this one start together (a multi-node run)."""
     symbol = catalog.currency_symbol
-    needed = upfront_cost(catalog, instance, min_minutes)
+    needed = upfront_cost(catalog, instance, min_minutes) * ranks
+    hourly = instance.hourly_micro * ranks
     balance = ledger.balance(session, instance.owner_id, instance.team_id)
     wallet = "the team's balance" if instance.team_id else "your balance"
     if needed and (balance <= 0 or balance < needed):
         what = (
             "a daily block costs"
             if instance.plan == plans.DAILY
-            else f"this instance costs {format_credits(instance.hourly_micro, symbol)}/h and "
-            f"needs for its first {min_minutes} minutes"
+            else f"{'this instance' if ranks == 1 else f'this run of {ranks} nodes'} costs "
+            f"{format_credits(hourly, symbol)}/h and needs for its first {min_minutes} minutes"
         )
         raise PaymentRequired(
             f"not enough credit: {what} {format_credits(needed, symbol)}; "
@@ -67,7 +74,7 @@ def check_can_start(
         session,
         instance.owner_id,
         instance.team_id,
-        instance.hourly_micro,
+        hourly,
         needed,
         utcnow(),
         symbol,
@@ -193,11 +200,43 @@ def queue_position_map(session: Session) -> dict[int, int]:
     return queue.queue_positions(session, current_queue(session))
 
 
+def gang_members(session: Session, gang_id: int) -> list[Instance]:
+    """A multi-node run's instances in rank order."""
+    return list(
+        session.scalars(
+            select(Instance).where(Instance.gang_id == gang_id).order_by(Instance.gang_rank)
+        )
+    )
+
+
+def _gang_of(session: Session, instance: Instance) -> list[Instance]:
+    """The instance's whole multi-node run, or the instance alone."""
+    return [instance] if instance.gang_id is None else gang_members(session, instance.gang_id)
+
+
+def _as_one(reason: str, instance: Instance, what: str) -> str:
+    """A rank's reason when another rank's stop or release took it along."""
+    return f"{reason} (with rank {instance.gang_rank} of its multi-node run, which {what})"[:500]
+
+
 def stop_instance(
     session: Session, instance: Instance, reason: str = "stopped by its owner"
 ) -> None:
     """Ask for a stop. Queued: stopped at once. Live: the runner is told to stop; the GPUs
-    are freed and billing ends when it has. Stopping a stopped instance is a no-op."""
+    are freed and billing ends when it has. Stopping a stopped instance is a no-op. A rank
+    of a multi-node run stops with every other rank of it, each told why (a run missing a
+    rank is useless: torchrun would wait for it)."""
+    if instance.status == RELEASED:
+        raise Conflict(f"instance {instance.name} was released; it cannot be stopped")
+    stop_one(session, instance, reason)
+    for member in _gang_of(session, instance):
+        if member.id != instance.id and member.status != RELEASED:
+            stop_one(session, member, _as_one(reason, instance, "stops as one"))
+
+
+def stop_one(session: Session, instance: Instance, reason: str) -> None:
+    """stop_instance for this instance only, whatever its gang (gangs.stop_broken stops the
+    rest of a gang with a reason of its own)."""
     if instance.status in (STOPPED, FAILED, STOPPING):
         if instance.desired_state == "running":
             instance.desired_state = "stopped"
@@ -219,7 +258,18 @@ def start_instance(
     min_start_minutes: int,
     no_gpu: bool = False,
 ) -> None:
-    """Queue a stopped instance again; no_gpu starts it CPU only (resize.start_without_gpu)."""
+    """Queue a stopped instance again; no_gpu starts it CPU only (resize.start_without_gpu).
+    A rank of a multi-node run queues its whole run again (_start_gang)."""
+    if instance.gang_id is not None:
+        _start_gang(
+            session,
+            instance,
+            gang_members(session, instance.gang_id),
+            catalog=catalog,
+            min_start_minutes=min_start_minutes,
+            no_gpu=no_gpu,
+        )
+        return
     if no_gpu:
         resize.start_without_gpu(session, catalog, instance)
     else:
@@ -239,15 +289,131 @@ def start_instance(
     switch_status(session, instance, QUEUED, "started by its owner")
 
 
+def _start_gang(
+    session: Session,
+    asked: Instance,
+    gang: list[Instance],
+    *,
+    catalog: Catalog,
+    min_start_minutes: int,
+    no_gpu: bool,
+) -> None:
+    """Queue a stopped multi-node run again as the one request it was made as: rank 0 in
+    the queue for all its nodes, the others waiting with it, placed all together or not at
+    all on whichever nodes have the GPUs then (each rank's workspace moves with it when its
+    node is another than before). Refused with what to do instead when it cannot start
+    whole: a rank released, one still live or stopping, ranks no longer alike."""
+    leader = gang[0]
+    run = f"the multi-node run {leader.name}"
+    if no_gpu:
+        raise Conflict(
+            f"instance {asked.name} is rank {asked.gang_rank} of {run}, whose ranks run "
+            "with GPUs on every node; start it without --no-gpu, or create a one-node "
+            "instance for CPU work"
+        )
+    for member in gang:
+        if member.status == RELEASED:
+            raise Conflict(
+                f"rank {member.gang_rank} ({member.name}) of {run} was released, and the run "
+                "cannot start without it; release the others and create the run again "
+                "(`gpulease run task.yaml`)"
+            )
+    if len(gang) != (leader.gang_size or 0):
+        raise Conflict(
+            f"{run} has {len(gang)} of its {leader.gang_size} ranks and cannot start "
+            "without the others; release it and create it again"
+        )
+    if all(m.status in ACTIVE for m in gang):
+        return  # started already
+    for member in gang:
+        if member.status == STOPPING:
+            raise Conflict(
+                f"rank {member.gang_rank} ({member.name}) of {run} is still stopping; start "
+                "the run once every rank has stopped"
+            )
+        if member.status in ACTIVE:
+            raise Conflict(
+                f"rank {member.gang_rank} ({member.name}) of {run} is still {member.status}, "
+                "and a multi-node run starts only as a whole: stop it with `gpulease "
+                f"instance stop {leader.name}` and start it again once every rank has stopped"
+            )
+    for member in gang:
+        resize.restore_gpus(session, catalog, member)  # GPUs an older no-GPU start set aside
+    shape = (leader.gpu_model, leader.gpu_count)
+    for member in gang:
+        if (member.gpu_model, member.gpu_count) != shape:
+            raise Conflict(
+                f"rank {member.gang_rank} ({member.name}) of {run} has {member.gpu_model} × "
+                f"{member.gpu_count} and rank 0 {leader.gpu_model} × {leader.gpu_count}; the "
+                "ranks of a multi-node run need the same GPUs: resize them alike with "
+                "`gpulease instance resize`"
+            )
+    if leader.gpu_count < 1:
+        raise Conflict(
+            f"{run} has no GPUs and a multi-node run needs GPUs on each node: resize its "
+            "ranks with `gpulease instance resize`"
+        )
+    nodes.check_request_fits(session, catalog, leader.gpu_model, leader.gpu_count)
+    check_enough_nodes(session, leader.gpu_model, leader.gpu_count, len(gang))
+    templates.check_fits(
+        session, leader.owner_id, leader.template, leader.gpu_model, leader.gpu_count
+    )
+    check_can_start(session, catalog, leader, min_start_minutes, ranks=len(gang))
+    for member in gang:
+        member.desired_state = "running"
+        member.fabric_address = None  # no rank is live: the gang gets addresses when placed
+        switch_status(session, member, QUEUED, "started by its owner")
+    for member in gang[1:]:
+        member.status_message = waiting_with_leader(leader)
+
+
+def waiting_with_leader(leader: Instance) -> str:
+    """The status message of a queued rank other than 0: only rank 0 stands in the queue."""
+    return (
+        f"waits with its multi-node run: rank 0 ({leader.name}) stands in the queue for its "
+        f"{leader.gang_size} nodes"
+    )
+
+
+def check_enough_nodes(session: Session, model: str, count: int, size: int) -> None:
+    """Refuse a multi-node run that the ready nodes could never hold: `size` distinct nodes
+    with `count` GPUs of `model` each."""
+    per_node = (
+        select(Gpu.node_id)
+        .join(Node, Node.id == Gpu.node_id)
+        .where(Gpu.model == model, Gpu.present.is_(True), Node.status == "ready")
+        .group_by(Gpu.node_id)
+        .having(func.count(Gpu.id) >= count)
+        .subquery()
+    )
+    having = session.scalar(select(func.count()).select_from(per_node)) or 0
+    if having < size:
+        raise Unavailable(
+            f"{size} nodes with {model} × {count} each are needed and {having} "
+            f"{'has' if having == 1 else 'have'} that many; ask for num_nodes: {having} or "
+            "fewer GPUs per node"
+        )
+
+
 def release_instance(session: Session, instance: Instance) -> None:
-    """Ask for a release: stop first if live; the workspace is deleted when it is stopped."""
+    """Ask for a release: stop first if live; the workspace is deleted when it is stopped.
+    A rank of a multi-node run is released with every other rank of it (the run cannot
+    start again without all of them)."""
+    for member in _gang_of(session, instance):
+        if member.id == instance.id:
+            _release_one(session, member, "released by its owner")
+        else:
+            _release_one(session, member, _as_one("released by its owner", instance, "goes as one"))
+
+
+def _release_one(session: Session, instance: Instance, reason: str) -> None:
     if instance.status == RELEASED:
         return
     instance.desired_state = "released"
     if instance.status in (QUEUED, STOPPED, FAILED):
         finish_release(session, instance)
     elif instance.status in (STARTING, RUNNING):
-        switch_status(session, instance, STOPPING, "released by its owner")
+        switch_status(session, instance, STOPPING, reason)
 
 
 def finish_release(session: Session, instance: Instance) -> None:
