@@ -9,6 +9,9 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
+from gpulease.server.db import transaction, utcnow
+from gpulease.server.orm import Gpu, Node
+from gpulease.server.runtime import Runtime
 from gpulease.server.settings import Settings
 
 ADMIN_PASSWORD = "admin-password-1"  # the tests' Settings(admin_password=...)
@@ -138,6 +141,37 @@ def make_running_instance(
     runner = runner_for(instance_id)
     runner.ready()
     return instance_id, runner
+
+
+def make_node(
+    rt: Runtime, name: str, hostname: str, *, model: str = "A100-80GB", gpus: int = 2
+) -> int:
+    """A ready node of the fake backend with `gpus` simulated GPUs of `model`; its id."""
+    with transaction(rt.sessions) as session:
+        now = utcnow()
+        node = Node(
+            name=name,
+            backend="fake",
+            hostname=hostname,
+            status="ready",
+            registered_at=now,
+            last_seen_at=now,
+        )
+        session.add(node)
+        session.flush()
+        for index in range(gpus):
+            session.add(
+                Gpu(
+                    node_id=node.id,
+                    index=index,
+                    uuid=f"sim-{name}-{index}",
+                    nvml_name=model,
+                    model=model,
+                    memory_mb=81920,
+                    simulated=True,
+                )
+            )
+        return node.id
 
 
 def logged_in(browser: BrowserFactory, name: str, password: str = PASSWORD) -> TestClient:

@@ -257,6 +257,18 @@ def _queue_fields(i: InstancePublic) -> list[tuple[str, object]]:
     ]
 
 
+def _gang_fields(i: InstancePublic) -> list[tuple[str, object]]:
+    """A rank of a multi-node run: which rank of how many, and its fabric address if any."""
+    if i.gang_size is None:
+        return []
+    fields: list[tuple[str, object]] = [
+        ("multi-node run", f"rank {i.gang_rank} of {i.gang_size} (rank 0 is instance {i.gang_id})")
+    ]
+    if i.fabric_address:
+        fields.append(("fabric address", i.fabric_address))
+    return fields
+
+
 @instance_app.command("show")
 def show(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
     """One instance in detail."""
@@ -284,6 +296,7 @@ def show(ref: RefArgument, output: OutputOption = OutputFormat.table) -> None:
                 ("gpu indices", ", ".join(map(str, i.gpu_indices))),
                 ("template", i.template),
                 ("datasets", ", ".join(f"/data/{n} (v{v})" for n, v in i.datasets.items())),
+                *_gang_fields(i),
                 ("node", i.node),
                 ("last node", i.last_node),
                 ("workspace saved", when(i.workspace_saved_at)),

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from factories import Caller, make_settings
+from factories import Caller, make_node, make_settings
 from gpulease.backends.fake import FakeBackend
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance, Node, Run
@@ -24,39 +24,10 @@ MODEL = "A100-80GB"
 SECOND_HOST = "10.0.0.2"
 
 
-def add_node(rt: Runtime, name: str, hostname: str, gpus: int = 2) -> int:
-    """A ready node with `gpus` simulated A100s beside the fixture's; its id."""
-    with transaction(rt.sessions) as session:
-        now = utcnow()
-        node = Node(
-            name=name,
-            backend="fake",
-            hostname=hostname,
-            status="ready",
-            registered_at=now,
-            last_seen_at=now,
-        )
-        session.add(node)
-        session.flush()
-        for index in range(gpus):
-            session.add(
-                Gpu(
-                    node_id=node.id,
-                    index=index,
-                    uuid=f"sim-{name}-{index}",
-                    nvml_name=MODEL,
-                    model=MODEL,
-                    memory_mb=81920,
-                    simulated=True,
-                )
-            )
-        return node.id
-
-
 @pytest.fixture
 def two_nodes(rt: Runtime, ann: Caller) -> dict[int, str]:
     """The fixture's node beside a second one with two A100s: node id -> hostname."""
-    add_node(rt, "gpu-2", SECOND_HOST)
+    make_node(rt, "gpu-2", SECOND_HOST)
     with transaction(rt.sessions) as session:
         return {n.id: n.hostname for n in session.scalars(select(Node))}
 
@@ -477,7 +448,7 @@ def test_a_restarted_rank_whose_node_is_full_moves_with_its_workspace_and_its_ow
     two_nodes: dict[int, str],
 ) -> None:
     gang_id = stopped_gang(ann, rt, backend, tick)
-    add_node(rt, "gpu-3", "10.0.0.3")
+    make_node(rt, "gpu-3", "10.0.0.3")
     r = bob.post("/api/v1/instances", json={"gpu": f"{MODEL}:2", "name": "filler"})
     assert r.status_code == 201, r.text
     with transaction(rt.sessions) as session:  # bob's instance holds rank 0's last node
