@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from gpulease.client import GpuleaseClient
+from gpulease.client.config import load_saved
+from gpulease.schemas.instances import InstanceCreate
 from processes import Platform
 from ray_support import RayCluster, running_ray_platform
 from wheels import make_wheel
@@ -143,6 +146,36 @@ def test_a_two_node_run_starts_one_rank_on_each_node_with_its_variables(
     assert all(m["started_at"] for m in members)  # both ran, each billed on its own
     for member in members:
         platform.wait_status(str(member["id"]), "released")
+
+
+def test_a_two_node_run_stopped_through_one_rank_starts_again_whole_on_its_nodes(
+    platform: Platform, ray_cluster: RayCluster
+) -> None:
+    platform.cli(
+        "register", "--server", platform.url, "--name", "gus", "--password", "password-123"
+    )
+    token = load_saved(platform.config).token
+    with contextlib.closing(GpuleaseClient(platform.url, token)) as gus:
+        body = InstanceCreate(gpu="A100-80GB:1", num_nodes=2, name="pair", template="python")
+        gus.instances.create(body)
+    first = [platform.wait_status(name, "running", timeout=60) for name in ("pair", "pair-1")]
+    assert {m["node"] for m in first} == {"gpu-a", "gpu-b"}
+    for rank, member in enumerate(first):  # a file in each rank's workspace, on its node
+        workspace = ray_cluster.node_home / member["node"] / "workspaces" / str(member["id"])
+        (workspace / "mark").write_text(f"kept-{rank}\n")
+    platform.cli("instance", "stop", "pair-1")  # rank 1: the whole run stops
+    stopped = [platform.wait_status(name, "stopped", timeout=60) for name in ("pair", "pair-1")]
+    assert "with rank 1 of its multi-node run" in stopped[0]["status_reason"], stopped[0]
+    platform.cli("instance", "start", "pair-1")  # rank 1 again: the whole run queues
+    again = [platform.wait_status(name, "running", timeout=60) for name in ("pair", "pair-1")]
+    assert [m["node"] for m in again] == [m["node"] for m in first]  # each on its own node
+    said = platform.cli("exec", "pair-1", "--", "sh", "-c", "cat mark; echo $NODE_RANK/$WORLD_SIZE")
+    assert said.stdout.split() == ["kept-1", "1/2"], said.stdout  # its job sees its files
+    leader = ray_cluster.node_home / again[0]["node"] / "workspaces" / str(again[0]["id"])
+    assert (leader / "mark").read_text() == "kept-0\n"
+    platform.cli("instance", "release", "pair")
+    for name in ("pair", "pair-1"):
+        platform.wait_status(name, "released", timeout=60)
 
 
 def test_a_runner_actor_outlives_a_server_crash_and_stops_when_asked(
