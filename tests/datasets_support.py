@@ -48,23 +48,24 @@ def sdk(caller: Caller) -> GpuleaseClient:
     return GpuleaseClient("http://testserver", caller.token, http=caller.http)
 
 
+def forward_to(http: TestClient, request: httpx.Request) -> httpx.Response:
+    """The in-process app's answer to a request a Connection made."""
+    answer = http.request(
+        request.method,
+        request.url.raw_path.decode(),
+        content=request.content,
+        headers={k: v for k, v in request.headers.items() if k.lower() != "host"},
+    )
+    return httpx.Response(answer.status_code, content=answer.content, headers=answer.headers)
+
+
 def runner_connection(http: TestClient, token: str) -> Connection:
     """A runner Connection whose requests go to the in-process app."""
-
-    def forward(request: httpx.Request) -> httpx.Response:
-        answer = http.request(
-            request.method,
-            request.url.raw_path.decode(),
-            content=request.content,
-            headers={k: v for k, v in request.headers.items() if k.lower() != "host"},
-        )
-        return httpx.Response(answer.status_code, content=answer.content, headers=answer.headers)
-
     return Connection(
         "http://testserver",
         token,
         on_stop=lambda reason: None,
-        transport=httpx.MockTransport(forward),
+        transport=httpx.MockTransport(lambda request: forward_to(http, request)),
         backoff_start_s=0.01,
         backoff_max_s=0.02,
     )

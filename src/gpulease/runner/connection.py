@@ -9,12 +9,13 @@ earlier can speak for it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,26 @@ class Connection:
                 continue  # open_session replaced the token while this call was out
             return self._judge(method, path, response)
 
+    @contextlib.contextmanager
+    def stream(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, timeout: float = 30.0
+    ) -> Iterator[httpx.Response]:
+        """call() for a body read as it comes (response.iter_bytes()): getting the answer is
+        retried and judged as call() does it; a break after that raises httpx.TransportError
+        to the reader, who may ask again for what it lacks."""
+        while True:
+            bearer = self._token
+            response = self._answer(
+                method, path, bearer, None, params, timeout, True, None, stream=True
+            )
+            if response.status_code == 401 and self._settled_token() != bearer:
+                continue  # open_session replaced the token while this call was out
+            try:
+                yield self._judge(method, path, response)
+            finally:
+                response.close()
+            return
+
     def _settled_token(self) -> str:
         """The token once no open_session is under way."""
         with self._rotation:
@@ -177,8 +198,10 @@ class Connection:
         download_to: Path | None = None,
         give_up_after: float | None = None,
         content: bytes | None = None,
+        stream: bool = False,
     ) -> httpx.Response:
-        """The server's first answer that is not worth retrying, unjudged."""
+        """The server's first answer that is not worth retrying, unjudged (with stream, a
+        200's body is left to be read)."""
         delay = self._backoff_start
         failures = 0
         deadline = None if give_up_after is None else time.monotonic() + give_up_after
@@ -188,7 +211,7 @@ class Connection:
                 raise ServerGone(f"{method} {path}: the server no longer knows this instance")
             try:
                 response = self._attempt(
-                    method, path, headers, json, params, timeout, download_to, content
+                    method, path, headers, json, params, timeout, download_to, content, stream
                 )
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
@@ -216,7 +239,16 @@ class Connection:
         timeout: float,
         download_to: Path | None,
         content: bytes | None = None,
+        stream: bool = False,
     ) -> httpx.Response:
+        if stream:
+            request = self._client.build_request(
+                method, path, headers=headers, params=params, timeout=timeout
+            )
+            response = self._client.send(request, stream=True)
+            if response.status_code != 200:
+                response.read()  # an error's short body, for the caller and the log
+            return response
         if download_to is None:
             return self._client.request(
                 method,

@@ -13,7 +13,6 @@ opened with its own key (AES-256-GCM, bound to its owner and hash) and its SHA-2
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import hashlib
@@ -24,17 +23,19 @@ import shutil
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+import httpx
 from pydantic import ValidationError
 
-from gpulease.core.datasets import check_dataset_name, path_problem, tree_conflict
+from gpulease.core.datasets import check_dataset_name, path_problem
 from gpulease.core.errors import InvalidInput
 from gpulease.runner.connection import Connection
 from gpulease.schemas.runner import RUNNER_API, RunnerDatasetMount, RunnerDatasets, RunnerSpec
+from gpulease.storage import file_lists
 from gpulease.storage.chunking import CHUNK_SIZE, PackError, unpack, without_cyclic_gc
 from gpulease.storage.crypto import IntegrityError, open_sealed
 
@@ -47,6 +48,7 @@ FETCH_AHEAD = 4  # requests on their way (each decrypted and written on its thre
 LINKS_DIR = "data"
 _PROGRESS_EVERY_S = 1.0
 _LOCK_POLL_S = 0.2
+_LIST_BREAKS = 5  # the file list breaking off this often in a row fails the build
 
 
 class DatasetError(Exception):
@@ -178,106 +180,86 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-class _File(NamedTuple):  # a tuple: 100,000 of them are made per manifest
-    path: str
-    size: int
-    chunks: tuple[str, ...]
-
-
-def _manifest(
-    connection: Connection, mount: RunnerDatasetMount, what: str
-) -> tuple[list[_File], dict[str, bytes]]:
-    path = f"{API}/{mount.dataset_id}/versions/{mount.version}/manifest"
-    data = _json(connection.call("GET", path, timeout=300), f"fetching the file list of {what}")
-    try:
-        files = [_File(str(p), int(s), tuple(str(c) for c in cs)) for p, s, cs in data["files"]]
-        keys = {str(sha): base64.b64decode(key) for sha, key in data["keys"].items()}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DatasetError(f"the file list of {what} is malformed: {exc}") from exc
-    for f in files:
-        problem = path_problem(f.path)
-        if problem:
-            raise DatasetError(f"{what} lists the path {f.path!r}, which is refused: {problem}")
-        if len(f.chunks) != -(-f.size // CHUNK_SIZE):
-            raise DatasetError(f"{what}: {f.path!r} has the wrong number of chunks")
-        missing = [sha for sha in f.chunks if sha not in keys]
-        if missing:
-            raise DatasetError(f"{what}: the server sent no key for chunk {missing[0]}")
-    conflict = tree_conflict([f.path for f in files])
-    if conflict:
-        raise DatasetError(f"{what}: its files do not make a directory tree: {conflict}")
-    return files, keys
-
-
-_Piece = tuple[int, int, str, int]  # file index, offset in the file, chunk sha256, length
+_Piece = tuple[int, int, str, bytes, int]  # file index, offset, chunk sha256, its key, length
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _batches(files: list[_File]) -> tuple[list[list[_Piece]], dict[int, int]]:
-    """The manifest's pieces in file order, a request's worth a batch (an empty file is a
-    piece of length 0, created by the batch that reaches it), and for every file whose
-    pieces lie in more than one batch, how many batches hold them."""
-    batches: list[list[_Piece]] = []
-    batch: list[_Piece] = []
-    size = 0
-    spans: dict[int, int] = {}
-    for index, f in enumerate(files):
-        if not f.chunks:
-            batch.append((index, 0, "", 0))
-            continue
-        first = len(batches)  # the batch its first piece goes to
-        for number, sha in enumerate(f.chunks):
-            offset = number * CHUNK_SIZE
-            length = min(CHUNK_SIZE, f.size - offset)
-            if batch and (len(batch) >= FETCH_CHUNKS or size + length > FETCH_BYTES):
-                batches.append(batch)
-                batch, size = [], 0
-            if number == 0:
-                first = len(batches)
-            batch.append((index, offset, sha, length))
-            size += length
-        if len(batches) > first:  # its last piece went to a later batch than its first
-            spans[index] = len(batches) - first + 1
-    if batch:
-        batches.append(batch)
-    return batches, spans
+def _file_list(
+    connection: Connection, path: str, what: str
+) -> Generator[file_lists.Block, None, None]:
+    """The version's file list, block by block as it arrives. A list that breaks off is
+    asked for again from the first file not yet read (a server restarting, say)."""
+    listed = 0
+    total: int | None = None
+    breaks = 0
+    while True:
+        reader = file_lists.Reader()
+        asked = listed
+        try:
+            with connection.stream("GET", path, params={"start": asked}, timeout=300) as answer:
+                if answer.status_code != 200:
+                    raise DatasetError(
+                        f"fetching the file list of {what}: the server answered HTTP "
+                        f"{answer.status_code}: {answer.text[:300]}"
+                    )
+                for data in answer.iter_bytes():
+                    for block in reader.feed(data):
+                        if reader.start != asked or total not in (None, reader.total):
+                            raise file_lists.FileListError("it does not go on where it broke off")
+                        total = reader.total
+                        listed += len(block.paths)
+                        breaks = 0
+                        yield block
+                    if reader.ended:
+                        if listed != total:
+                            raise file_lists.FileListError(f"{listed} files, not {total}")
+                        return
+            problem = "the answer ended early"
+        except file_lists.FileListError as exc:
+            raise DatasetError(f"the file list of {what} is malformed: {exc}") from None
+        except httpx.TransportError as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        breaks += 1
+        if breaks > _LIST_BREAKS:
+            raise DatasetError(f"fetching the file list of {what} broke off: {problem}")
+        log.warning("the file list of %s broke off after %d files (%s)", what, listed, problem)
+        time.sleep(_LOCK_POLL_S * breaks)
 
 
 class _Tree:
-    """The version's tree being written: its directories made once, up front, then each
-    batch's files written by the thread that fetched it (os.open and os.pwrite let go of
-    the GIL, so batches are written side by side). A file is created read-only (0444):
-    writing through the descriptor that made it still works. A file whose chunks come in
-    several batches is opened by whichever batch reaches it first and closed by the last.
-    Paths are opened beneath the tree's own descriptor; the tree is fresh and only this
-    runner writes in it, so nothing there is followed or reused (O_EXCL, O_NOFOLLOW)."""
+    """The version's tree being written: its directories made as the file list names them
+    (before any batch that writes in them is fetched), then each batch's files written by
+    the thread that fetched it (os.open and os.pwrite let go of the GIL, so batches are
+    written side by side). A file is created read-only (0444): writing through the
+    descriptor that made it still works. A file whose chunks come in several batches is
+    opened by whichever batch reaches it first and closed by the last. Paths are opened
+    beneath the tree's own descriptor; the tree is fresh and only this runner writes in it,
+    so nothing there is followed or reused (O_EXCL, O_NOFOLLOW)."""
 
-    def __init__(self, root: Path, files: list[_File], spans: dict[int, int]) -> None:
-        self.files = files
+    def __init__(self, root: Path) -> None:
         self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        self._left = dict(spans)  # batches still to write into each shared file
+        self.paths: list[str] = []  # by file index; appended to as the list arrives
+        self.directories: list[str] = []  # made, parents first
+        self._left: dict[int, int] = {}  # batches still to write into each shared file
         self._shared: dict[int, int] = {}  # file index -> its open descriptor
         self._lock = threading.Lock()
-        self.directories = sorted({f.path.rsplit("/", 1)[0] for f in files if "/" in f.path})
 
-    def make_directories(self) -> None:
-        made: set[str] = set()
-        for directory in self.directories:  # sorted: a parent comes before its children
-            parts = directory.split("/")
-            for end in range(1, len(parts) + 1):
-                path = "/".join(parts[:end])
-                if path not in made:
-                    os.mkdir(path, 0o700, dir_fd=self.fd)
-                    made.add(path)
-        self.directories = sorted(made)
+    def make_directory(self, path: str) -> None:
+        os.mkdir(path, 0o700, dir_fd=self.fd)
+        self.directories.append(path)
+
+    def share(self, index: int, batches: int) -> None:
+        """File index is written by that many batches (told before any of them is sent)."""
+        with self._lock:
+            self._left[index] = batches
 
     def _open(self, index: int) -> int:
         if index not in self._left:
-            return os.open(self.files[index].path, _CREATE, 0o444, dir_fd=self.fd)
+            return os.open(self.paths[index], _CREATE, 0o444, dir_fd=self.fd)
         with self._lock:
             fd = self._shared.get(index)
             if fd is None:
-                fd = os.open(self.files[index].path, _CREATE, 0o444, dir_fd=self.fd)
+                fd = os.open(self.paths[index], _CREATE, 0o444, dir_fd=self.fd)
                 self._shared[index] = fd
             return fd
 
@@ -295,7 +277,7 @@ class _Tree:
         """Writes a batch's pieces; plain maps their chunks to their checked plaintext."""
         index, fd = -1, -1
         try:
-            for piece_index, offset, sha, length in batch:
+            for piece_index, offset, sha, _, length in batch:
                 if piece_index != index:
                     if fd >= 0:
                         self._close(index, fd)
@@ -314,7 +296,7 @@ class _Tree:
     def make_read_only(self) -> None:
         """The tree and the directories it made become read-only, deepest first (its files
         were made read-only as they were created). Only its own: the tree is not walked."""
-        for directory in sorted(self.directories, key=len, reverse=True):
+        for directory in reversed(self.directories):
             os.chmod(directory, 0o555, dir_fd=self.fd)
         os.fchmod(self.fd, 0o555)
 
@@ -326,6 +308,88 @@ class _Tree:
         os.close(self.fd)
 
 
+class _Listing:
+    """The file list as it arrives, on the main thread: each file's path checked, with the
+    tree so far (a path listed twice, or a file that is also a directory, is refused), its
+    directories made, and its chunks cut into batches of a request's worth (an empty file is
+    a piece of length 0, created by the batch that reaches it)."""
+
+    def __init__(self, tree: _Tree, what: str) -> None:
+        self.tree = tree
+        self.what = what
+        self._files: set[str] = set()
+        self._directories: set[str] = set()
+        self._batch: list[_Piece] = []
+        self._bytes = 0
+
+    def add(self, block: file_lists.Block) -> list[list[_Piece]]:
+        """The block's files; returns the batches it filled, each file that spans several
+        of them told to the tree first."""
+        what, tree, files, directories = self.what, self.tree, self._files, self._directories
+        full: list[list[_Piece]] = []
+        hexes = block.digests.hex()
+        digest_chars = 2 * file_lists.DIGEST_BYTES
+        at = 0  # the block's chunks used so far
+        for path, size, count in zip(block.paths, block.sizes, block.counts, strict=True):
+            problem = path_problem(path)
+            if problem:
+                raise DatasetError(f"{what} lists the path {path!r}, which is refused: {problem}")
+            if count != -(-size // CHUNK_SIZE):
+                raise DatasetError(f"{what}: {path!r} has the wrong number of chunks")
+            if path in files or path in directories:
+                raise DatasetError(
+                    f"{what}: its files do not make a directory tree: {path!r} "
+                    "is listed twice, or as a file and a directory"
+                )
+            parent = path.rpartition("/")[0]
+            if parent and parent not in directories:
+                self._make_directories(parent, path)
+            files.add(path)
+            index = len(tree.paths)
+            tree.paths.append(path)
+            batch = self._batch
+            if not count:
+                batch.append((index, 0, "", b"", 0))
+                continue
+            first = len(full)  # the batch its first piece goes to
+            for number in range(count):
+                offset = number * CHUNK_SIZE
+                length = min(CHUNK_SIZE, size - offset)
+                if batch and (len(batch) >= FETCH_CHUNKS or self._bytes + length > FETCH_BYTES):
+                    full.append(batch)
+                    batch = self._batch = []
+                    self._bytes = 0
+                if number == 0:
+                    first = len(full)
+                sha = hexes[at * digest_chars : (at + 1) * digest_chars]
+                key = block.keys[at * file_lists.KEY_BYTES : (at + 1) * file_lists.KEY_BYTES]
+                batch.append((index, offset, sha, key, length))
+                self._bytes += length
+                at += 1
+            if len(full) > first:  # its last piece went to a later batch than its first
+                tree.share(index, len(full) - first + 1)
+        return full
+
+    def _make_directories(self, directory: str, path: str) -> None:
+        parts = directory.split("/")
+        for end in range(1, len(parts) + 1):
+            made = "/".join(parts[:end])
+            if made in self._directories:
+                continue
+            if made in self._files:
+                raise DatasetError(
+                    f"{self.what}: its files do not make a directory tree: {made!r} is a file "
+                    f"and also a directory holding {path!r}"
+                )
+            self.tree.make_directory(made)
+            self._directories.add(made)
+
+    def finish(self) -> list[list[_Piece]]:
+        """The last batch, once the list has ended."""
+        batch, self._batch = self._batch, []
+        return [batch] if batch else []
+
+
 def _build(
     target: Path,
     mount: RunnerDatasetMount,
@@ -334,56 +398,66 @@ def _build(
     what: str,
 ) -> None:
     progress(f"fetching {what}: the file list")
-    with without_cyclic_gc():  # 100,000 entries and no cycles
-        files, keys = _manifest(connection, mount, what)
-        batches, spans = _batches(files)
-    total = sum(f.size for f in files)
-    tree = _Tree(target, files, spans)
+    tree = _Tree(target)
+    listing = _Listing(tree, what)
+    path = f"{API}/{mount.dataset_id}/versions/{mount.version}"
     done = 0
     started = last = time.monotonic()
-    path = f"{API}/{mount.dataset_id}/versions/{mount.version}/chunks"
 
     def fetch_and_write(batch: list[_Piece]) -> int:
         """One request's chunks, decrypted, checked and written, on a worker thread
         (AES-GCM, SHA-256 and the file calls let go of the GIL, so batches overlap)."""
-        wanted = list(dict.fromkeys(sha for _, _, sha, _ in batch if sha))
+        keys = {sha: key for _, _, sha, key, _ in batch if sha}
         plain: dict[str, bytes] = {}
-        if wanted:
-            response = connection.call("POST", path, json={"chunks": wanted}, timeout=300)
+        if keys:
+            response = connection.call(
+                "POST", f"{path}/chunks", json={"chunks": list(keys)}, timeout=300
+            )
             if response.status_code != 200:
                 raise DatasetError(
                     f"fetching {what}: the server answered HTTP {response.status_code}: "
                     f"{response.text[:300]}"
                 )
-            plain = _open_chunks(response.content, keys, mount.owner_id, wanted, what)
-        for _, _, sha, length in batch:
+            plain = _open_chunks(response.content, keys, mount.owner_id, what)
+        for _, _, sha, _, length in batch:
             if length and len(plain[sha]) != length:
                 raise DatasetError(f"{what}: chunk {sha} has {len(plain[sha])} bytes, not {length}")
         tree.write(batch, plain)
-        return sum(length for _, _, _, length in batch)
+        return sum(length for _, _, _, _, length in batch)
 
-    workers = ThreadPoolExecutor(max_workers=FETCH_AHEAD, thread_name_prefix="dataset-fetch")
-    try:
-        tree.make_directories()
-        coming = deque(workers.submit(fetch_and_write, b) for b in batches[:FETCH_AHEAD])
-        for number in range(len(batches)):
+    def collect(wait: bool) -> None:
+        """Takes in the batches done (in order; all of them when wait), telling how it goes."""
+        nonlocal done, last
+        while coming and (wait or coming[0].done()):
             done += coming.popleft().result()
-            if number + FETCH_AHEAD < len(batches):  # keep FETCH_AHEAD requests on their way
-                coming.append(workers.submit(fetch_and_write, batches[number + FETCH_AHEAD]))
             now = time.monotonic()
             if now - last >= _PROGRESS_EVERY_S:
                 last = now
                 rate = done / max(now - started, 1e-6) / 1e6
-                progress(f"fetching {what}: {done * 100 // max(total, 1)}% ({rate:.0f} MB/s)")
+                share = done * 100 // max(mount.size_bytes, 1)
+                progress(f"fetching {what}: {share}% ({rate:.0f} MB/s)")
+
+    workers = ThreadPoolExecutor(max_workers=FETCH_AHEAD, thread_name_prefix="dataset-fetch")
+    coming: deque[Future[int]] = deque()
+    try:
+        # The list's 100,000 entries make no cycles: collections would go through them all.
+        with (
+            without_cyclic_gc(),
+            contextlib.closing(_file_list(connection, f"{path}/manifest", what)) as blocks,
+        ):
+            for block in blocks:
+                coming.extend(workers.submit(fetch_and_write, b) for b in listing.add(block))
+                collect(wait=False)
+            coming.extend(workers.submit(fetch_and_write, b) for b in listing.finish())
+        collect(wait=True)
         tree.make_read_only()
     finally:
         workers.shutdown(wait=True, cancel_futures=True)
         tree.close()
 
 
-def _open_chunks(
-    body: bytes, keys: dict[str, bytes], owner_id: int, wanted: list[str], what: str
-) -> dict[str, bytes]:
+def _open_chunks(body: bytes, keys: dict[str, bytes], owner_id: int, what: str) -> dict[str, bytes]:
+    """The plaintext of each chunk of a pack, by sha256; keys: the chunks asked for."""
     plain: dict[str, bytes] = {}
     try:
         for sha, sealed in unpack(body):
@@ -398,7 +472,7 @@ def _open_chunks(
             plain[sha] = data
     except PackError as exc:
         raise DatasetError(f"{what}: a malformed chunk pack from the server: {exc}") from exc
-    lacking = [sha for sha in wanted if sha not in plain]
+    lacking = [sha for sha in keys if sha not in plain]
     if lacking:
         raise DatasetError(f"{what}: the server did not send chunk {lacking[0]}")
     return plain

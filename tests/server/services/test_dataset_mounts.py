@@ -4,25 +4,36 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import select
 from starlette.testclient import TestClient
 
-from datasets_support import random_tree, runner_connection, sdk, tree_digests, write_tree
+from datasets_support import (
+    forward_to,
+    random_tree,
+    runner_connection,
+    sdk,
+    tree_digests,
+    write_tree,
+)
 from factories import Caller, RunnerDouble
 from gpulease.backends.base import RunnerSpec
 from gpulease.backends.fake import FakeBackend
-from gpulease.runner.datasets import DatasetError, _batches, _File, links_dir, materialise
+from gpulease.runner.connection import Connection
+from gpulease.runner.datasets import DatasetError, _Listing, _Tree, links_dir, materialise
 from gpulease.server.db import transaction
 from gpulease.server.orm import StorageKey
 from gpulease.server.runtime import Runtime
 from gpulease.server.services.datasets.keys import finish_rotation, rotate_master_key
+from gpulease.storage import file_lists
 from gpulease.storage.chunking import CHUNK_SIZE
 from gpulease.storage.crypto import IntegrityError, read_master_key, unwrap_key
 
@@ -45,6 +56,12 @@ def _materialise(
     messages: list[str] = []
     spec = replace(spec, dataset_cache=cache)
     return materialise(spec, runner_connection(http, spec.token), messages.append), messages
+
+
+def _version_path(runner: RunnerDouble) -> str:
+    """The runner's calls for the one version its instance mounts start with this."""
+    (mount,) = runner.call("GET", "/datasets").json()["datasets"]
+    return f"/datasets/{mount['dataset_id']}/versions/{mount['version']}"
 
 
 @pytest.fixture
@@ -115,10 +132,16 @@ def test_runners_fetch_only_what_their_instance_mounts(
 ) -> None:
     _, ann_spec = _instance_with(ann, tick, backend, ["imgs"])
     ann_runner = RunnerDouble(http, ann_spec.token)
-    (mount,) = ann_runner.call("GET", "/datasets").json()["datasets"]
-    manifest = f"/datasets/{mount['dataset_id']}/versions/{mount['version']}/manifest"
-    chunks = f"/datasets/{mount['dataset_id']}/versions/{mount['version']}/chunks"
-    some = next(iter(ann_runner.call("GET", manifest).json()["keys"]))
+    manifest, chunks = (
+        _version_path(ann_runner) + "/manifest",
+        _version_path(ann_runner) + "/chunks",
+    )
+    listed = ann_runner.call("GET", manifest)
+    assert listed.status_code == 200 and listed.headers["content-type"] == file_lists.MEDIA_TYPE
+    reader = file_lists.Reader()
+    blocks = reader.feed(listed.content)
+    assert reader.ended and reader.total == reader.files == len(pushed)
+    some = blocks[0].digests[: file_lists.DIGEST_BYTES].hex()
 
     _, bob_spec = _instance_with(bob, tick, backend, [])
     bob_runner = RunnerDouble(http, bob_spec.token)
@@ -306,18 +329,142 @@ def test_a_file_in_several_requests_is_written_whole_from_their_threads(
     assert stat.S_IMODE((found["imgs"] / "deep" / "a" / "b" / "big.bin").stat().st_mode) == 0o444
 
 
-def test_batches_count_the_requests_a_file_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+def _block(files: list[tuple[str, int, list[str]]]) -> file_lists.Block:
+    """A block of a file list; each chunk named by a letter, its key that letter repeated."""
+    names = [name for _, _, chunks in files for name in chunks]
+    return file_lists.Block(
+        [path for path, _, _ in files],
+        tuple(size for _, size, _ in files),
+        tuple(len(chunks) for _, _, chunks in files),
+        b"".join(name.encode() * file_lists.DIGEST_BYTES for name in names),
+        b"".join(name.encode() * file_lists.KEY_BYTES for name in names),
+    )
+
+
+def test_the_listing_cuts_batches_and_counts_the_requests_a_file_spans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("gpulease.runner.datasets.FETCH_CHUNKS", 2)
-    files = [
-        _File("a", 1, ("a1",)),
-        _File("b", 3 * CHUNK_SIZE, ("b1", "b2", "b3")),
-        _File("c", 0, ()),
-        _File("d", 1, ("d1",)),
+    tree = _Tree(tmp_path)
+    listing = _Listing(tree, "dataset d v1")
+    first = listing.add(_block([("a", 1, ["a"]), ("x/b", 3 * CHUNK_SIZE, ["b", "c", "d"])]))
+    rest = listing.add(_block([("x/y/c", 0, []), ("z/d", 1, ["e"])])) + listing.finish()
+    tree.close()
+    hexed = {bytes([n]).hex() * file_lists.DIGEST_BYTES: chr(n) for n in b"abcde"}
+    assert [
+        [(i, offset // CHUNK_SIZE, hexed.get(sha, "")) for i, offset, sha, _, _ in b]
+        for b in first + rest
+    ] == [
+        [(0, 0, "a"), (1, 0, "b")],
+        [(1, 1, "c"), (1, 2, "d"), (2, 0, "")],  # an empty file asks for no chunk
+        [(3, 0, "e")],
     ]
-    batches, spans = _batches(files)
-    assert [[(i, offset // CHUNK_SIZE, sha) for i, offset, sha, _ in b] for b in batches] == [
-        [(0, 0, "a1"), (1, 0, "b1")],
-        [(1, 1, "b2"), (1, 2, "b3"), (2, 0, "")],  # an empty file asks for no chunk
-        [(3, 0, "d1")],
-    ]
-    assert spans == {1: 2}
+    assert tree._left == {1: 2}
+    assert tree.paths == ["a", "x/b", "x/y/c", "z/d"]
+    assert tree.directories == ["x", "x/y", "z"]  # made as they were listed, parents first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x", "z"]
+
+
+@pytest.mark.parametrize(
+    ("paths", "problem"),
+    [
+        (["a", "a"], "'a' is listed twice, or as a file and a directory"),
+        (["a/b", "a"], "'a' is listed twice, or as a file and a directory"),
+        (["a", "a/b/c"], "'a' is a file and also a directory holding 'a/b/c'"),
+        (["ok", "../up"], "lists the path '../up', which is refused: it points outside"),
+        (["ok", "b/./c"], "which is refused: it has an empty or '.' part"),
+    ],
+)
+def test_a_file_list_that_is_no_tree_is_refused(
+    paths: list[str], problem: str, tmp_path: Path
+) -> None:
+    tree = _Tree(tmp_path)
+    listing = _Listing(tree, "dataset d v1")
+    try:
+        with pytest.raises(DatasetError, match=re.escape(problem)):
+            for path in paths:
+                listing.add(_block([(path, 0, [])]))
+    finally:
+        tree.close()
+
+
+def test_a_broken_or_malformed_file_list_is_refused() -> None:
+    good = file_lists.header(1, 0) + file_lists.block(["a"], [0], [0], b"", b"")
+    reader = file_lists.Reader()
+    assert reader.feed(good[:7]) == [] and reader.feed(good[7:-1]) == []
+    (block,) = reader.feed(good[-1:])
+    assert block.paths == ["a"] and not reader.ended
+    assert reader.feed(file_lists.END) == [] and reader.ended and reader.files == 1
+    with pytest.raises(file_lists.FileListError, match="after the end"):
+        reader.feed(b"x")
+    for body, problem in [
+        (b"GLF0" + good[4:], "wrong format"),
+        (
+            file_lists.header(1, 0) + file_lists.block(["a"], [1], [1], b"", b""),
+            "have 1 chunks, not 0",
+        ),
+        (file_lists.header(1, 0) + file_lists.block(["a\0b"], [0], [0], b"", b""), "names 2"),
+        (good + file_lists.END + b"more", "after the end"),
+    ]:
+        with pytest.raises(file_lists.FileListError, match=problem):
+            file_lists.Reader().feed(body)
+
+
+class _BreaksOnce(httpx.SyncByteStream):
+    """A body that breaks off (a read error) after its first `keep` bytes."""
+
+    def __init__(self, body: bytes, keep: int) -> None:
+        self.body, self.keep = body, keep
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self.body[: self.keep]
+        raise httpx.ReadError("the server went away")
+
+
+def test_a_file_list_that_breaks_off_is_asked_for_again_from_where_it_broke(
+    http: TestClient,
+    small_fetches: RunnerSpec,
+    pushed: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        "gpulease.server.services.datasets.mounts.FILE_LIST_BLOCK_FILES", 50
+    )  # three blocks; the first answer breaks off in the second
+    starts: list[str] = []
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        answer = forward_to(http, request)
+        if request.url.path.endswith("/manifest"):
+            starts.append(request.url.params["start"])
+            if len(starts) == 1:
+                stream = _BreaksOnce(answer.content, len(answer.content) // 2)
+                return httpx.Response(answer.status_code, headers=answer.headers, stream=stream)
+        return answer
+
+    connection = Connection(
+        "http://testserver",
+        small_fetches.token,
+        on_stop=lambda reason: None,
+        transport=httpx.MockTransport(forward),
+    )
+    found = materialise(small_fetches, connection, lambda message: None)
+    assert tree_digests(found["imgs"]) == pushed
+    assert starts == ["0", "50"]  # the first block came whole, the second did not
+
+
+def test_a_file_list_asked_for_past_its_end_is_refused(
+    ann: Caller,
+    http: TestClient,
+    tick: Callable[[], None],
+    backend: FakeBackend,
+    pushed: dict[str, str],
+) -> None:
+    _, spec = _instance_with(ann, tick, backend, ["imgs"])
+    runner = RunnerDouble(http, spec.token)
+    manifest = _version_path(runner) + "/manifest"
+    last = runner.call("GET", manifest, params={"start": len(pushed)})
+    reader = file_lists.Reader()
+    assert reader.feed(last.content) == [] and reader.ended and reader.start == len(pushed)
+    r = runner.call("GET", manifest, params={"start": len(pushed) + 1})
+    assert r.status_code == 422 and f"past the {len(pushed)} files" in r.json()["detail"]
+    assert runner.call("GET", manifest, params={"start": -1}).status_code == 422

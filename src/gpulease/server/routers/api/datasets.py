@@ -10,10 +10,10 @@ versions under /runner/v1/datasets.
 
 from __future__ import annotations
 
-import base64
-import json
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -36,6 +36,7 @@ from gpulease.server.routers.deps import (
 )
 from gpulease.server.services.datasets import commits, library, mounts, quota, uploads
 from gpulease.server.services.datasets.vault import Vault
+from gpulease.storage import file_lists
 from gpulease.storage.chunking import PackError
 
 router = APIRouter(tags=["datasets"])
@@ -227,17 +228,18 @@ def runner_datasets(session: SessionDep, instance: RunnerInstance) -> RunnerData
 
 @runner_router.get("/{dataset_id}/versions/{number}/manifest")
 def runner_manifest(
-    dataset_id: IdPath, number: IdPath, instance: DetachedRunnerInstance, request: Request
-) -> Response:
-    """{"files": [[path, size, [sha256, ...]], ...], "keys": {sha256: base64 key}}"""
-    found = mounts.runner_manifest(
-        runtime(request).sessions, vault_of(request), instance, dataset_id, number
+    dataset_id: IdPath,
+    number: IdPath,
+    instance: DetachedRunnerInstance,
+    request: Request,
+    start: Annotated[int, Query(ge=0)] = 0,
+) -> StreamingResponse:
+    """The version's files from the start-th on and their chunks' keys, streamed as a file
+    list (storage/file_lists.py) while the server reads it."""
+    blocks = mounts.runner_file_list(
+        runtime(request).sessions, vault_of(request), instance, dataset_id, number, start
     )
-    body = {
-        "files": [[f.path, f.size, list(f.chunks)] for f in found.manifest.files],
-        "keys": {sha: base64.b64encode(key).decode() for sha, key in found.keys.items()},
-    }
-    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+    return StreamingResponse(blocks, media_type=file_lists.MEDIA_TYPE)
 
 
 @runner_router.post("/{dataset_id}/versions/{number}/chunks")

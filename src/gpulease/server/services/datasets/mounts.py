@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -21,11 +21,13 @@ from gpulease.server.services.datasets.bulk import chunk_rows
 from gpulease.server.services.datasets.keys import chunk_key_scope, user_key
 from gpulease.server.services.datasets.library import get_dataset
 from gpulease.server.services.datasets.uploads import dataset_key_of
-from gpulease.server.services.datasets.vault import Manifest, Vault
+from gpulease.server.services.datasets.vault import ManifestFile, Vault
+from gpulease.storage import file_lists
 from gpulease.storage.chunking import pack
 from gpulease.storage.crypto import KeyWrapper
 
 MAX_FETCH_CHUNKS = 4096
+FILE_LIST_BLOCK_FILES = 1024  # files a block of a runner's file list holds
 
 
 def attach_datasets(session: Session, owner: User, instance: Instance, names: list[str]) -> None:
@@ -97,17 +99,18 @@ def _mounted_version(
     return dataset, version
 
 
-@dataclass(frozen=True)
-class RunnerManifest:
-    manifest: Manifest
-    keys: dict[str, bytes]  # sha256 -> the chunk's key, unwrapped
-
-
-def runner_manifest(
-    sessions: sessionmaker[Session], vault: Vault, instance: Instance, dataset_id: int, number: int
-) -> RunnerManifest:
-    """A mounted version's files and the keys of its chunks, for the instance's runner (it
-    decrypts and checks every chunk itself)."""
+def runner_file_list(
+    sessions: sessionmaker[Session],
+    vault: Vault,
+    instance: Instance,
+    dataset_id: int,
+    number: int,
+    start: int = 0,
+) -> Iterator[bytes]:
+    """A mounted version's files from the start-th on, with the keys of their chunks, for
+    the instance's runner (it decrypts and checks every chunk itself), as the pieces of a
+    file list (storage/file_lists.py). What is refused is refused here; the blocks are made
+    as they are read, each with its own short transaction."""
     with transaction(sessions) as session:
         dataset, version = _mounted_version(session, instance, dataset_id, number)
         dataset_key = dataset_key_of(session, vault.ring, dataset)
@@ -115,13 +118,42 @@ def runner_manifest(
         blob = version.manifest_blob
         ukey = user_key(session, vault.ring, owner_id)
     manifest = vault.read_manifest(dataset_key, blob)
-    ids = sorted(manifest.chunk_ids())
-    keys: dict[str, bytes] = {}
-    wrapper = KeyWrapper(ukey)
-    with transaction(sessions) as session:
-        for sha, wrapped in chunk_rows(session, owner_id, "sha256, key_wrapped", ids):
+    vault.version_chunks(blob, dataset_key, manifest)  # for the chunk requests that follow
+    files = manifest.files
+    if start > len(files):
+        raise InvalidInput(f"start {start} is past the {len(files)} files of this version")
+    return _file_list(sessions, KeyWrapper(ukey), owner_id, files, start)
+
+
+def _file_list(
+    sessions: sessionmaker[Session],
+    wrapper: KeyWrapper,
+    owner_id: int,
+    files: tuple[ManifestFile, ...],
+    start: int,
+) -> Iterator[bytes]:
+    yield file_lists.header(len(files), start)
+    at = start
+    while at < len(files):
+        chosen = files[at : at + FILE_LIST_BLOCK_FILES]
+        at += len(chosen)
+        shas = [sha for f in chosen for sha in f.chunks]
+        keys: dict[str, bytes] = {}
+        with transaction(sessions) as session:
+            rows = list(chunk_rows(session, owner_id, "sha256, key_wrapped", sorted(set(shas))))
+        for sha, wrapped in rows:
             keys[sha] = wrapper.unwrap(bytes(wrapped), chunk_key_scope(owner_id, sha))
-    return RunnerManifest(manifest, keys)
+        lacking = [sha for sha in shas if sha not in keys]
+        if lacking:  # the stream is cut short: the runner sees no end and gives up
+            raise NotFound(f"chunk {lacking[0]} of this dataset version has no key")
+        yield file_lists.block(
+            [f.path for f in chosen],
+            [f.size for f in chosen],
+            [len(f.chunks) for f in chosen],
+            bytes.fromhex("".join(shas)),
+            b"".join([keys[sha] for sha in shas]),
+        )
+    yield file_lists.END
 
 
 def runner_chunks(

@@ -97,13 +97,19 @@ class Vault:
     def read_manifest(self, dataset_key: bytes, blob_key: str) -> Manifest:
         return Manifest.decode(self.open_blob(dataset_key, blob_key, f"manifest {blob_key}"))
 
-    def version_chunks(self, blob_key: str, dataset_key: bytes) -> frozenset[str]:
+    def version_chunks(
+        self, blob_key: str, dataset_key: bytes, manifest: Manifest | None = None
+    ) -> frozenset[str]:
+        """The chunks of the version whose manifest is blob_key (manifest: that manifest,
+        already read: a runner's file list comes before its chunk requests)."""
         with self._lock:
             found = self._versions.get(blob_key)
             if found is not None:
                 self._versions.move_to_end(blob_key)
                 return found
-        found = self.read_manifest(dataset_key, blob_key).chunk_ids()
+        if manifest is None:
+            manifest = self.read_manifest(dataset_key, blob_key)
+        found = manifest.chunk_ids()
         with self._lock:
             self._versions[blob_key] = found
             while len(self._versions) > _CACHED_VERSIONS:
