@@ -528,6 +528,9 @@ def test_a_run_missing_a_released_rank_cannot_start(
     r = ann.post("/api/v1/instances/dist/start")
     assert r.status_code == 409, r.text
     assert "rank 1 (dist-1) of the multi-node run dist was released" in r.json()["detail"]
+    r = ann.post("/api/v1/instances/dist-1/start")
+    assert r.status_code == 409, r.text
+    assert "instance dist-1 was released; create the run again" in r.json()["detail"]
     assert [m[0] for m in members(rt, gang_id)] == ["stopped", "released"]
 
 

@@ -311,13 +311,18 @@ def _start_gang(
             "with GPUs on every node; start it without --no-gpu, or create a one-node "
             "instance for CPU work"
         )
-    for member in gang:
-        if member.status == RELEASED:
-            raise Conflict(
-                f"rank {member.gang_rank} ({member.name}) of {run} was released, and the run "
-                "cannot start without it; release the others and create the run again "
-                "(`gpulease run task.yaml`)"
-            )
+    released = [m for m in gang if m.status == RELEASED]
+    if asked.status == RELEASED or len(released) == len(gang):
+        raise Conflict(
+            f"instance {asked.name} was released; create the run again (`gpulease run task.yaml`)"
+        )
+    if released:
+        member = released[0]
+        raise Conflict(
+            f"rank {member.gang_rank} ({member.name}) of {run} was released, and the run "
+            "cannot start without it; release the others and create the run again "
+            "(`gpulease run task.yaml`)"
+        )
     if len(gang) != (leader.gang_size or 0):
         raise Conflict(
             f"{run} has {len(gang)} of its {leader.gang_size} ranks and cannot start "
