@@ -602,6 +602,7 @@ def test_a_start_pays_for_every_rank_of_the_run(
     assert [m[0] for m in members(rt, gang_id)] == ["stopped", "stopped"]
     r = ann.post("/api/v1/instances", json={"gpu": f"{MODEL}:1", "num_nodes": 2, "name": "n"})
     assert r.status_code == 402 and "this run of 2 nodes costs" in r.json()["detail"], r.text
+    assert {i["name"] for i in ann.get("/api/v1/instances").json()} == {"dist", "dist-1"}
     r = ann.post("/api/v1/instances", json={"gpu": f"{MODEL}:1", "name": "one"})
     assert r.status_code == 201, r.text  # one rank's worth is there
 
