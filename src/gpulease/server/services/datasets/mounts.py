@@ -187,11 +187,37 @@ def runner_chunks(
     lost = [sha for sha in wanted if sha not in places]
     if lost:
         raise NotFound(f"chunk {lost[0]} of this dataset version is missing from storage")
-    by_pack: dict[str, list[str]] = {}
+    by_pack: dict[str, list[tuple[int, int, str]]] = {}
     for sha in dict.fromkeys(wanted):
-        by_pack.setdefault(places[sha][0], []).append(sha)
+        pack_key, offset, length = places[sha]
+        by_pack.setdefault(pack_key, []).append((offset, length, sha))
     sealed: dict[str, bytes] = {}
-    for pack_key, shas in by_pack.items():
-        ranges = [(places[sha][1], places[sha][2]) for sha in shas]
-        sealed.update(zip(shas, vault.store.read_ranges(pack_key, ranges), strict=True))
+    for pack_key, spots in by_pack.items():
+        sealed.update(_read_sealed(vault, pack_key, spots))
     return pack((sha, sealed[sha]) for sha in wanted)
+
+
+def _read_sealed(
+    vault: Vault, pack_key: str, spots: list[tuple[int, int, str]]
+) -> dict[str, bytes]:
+    """The sealed chunks at spots (offset, length, sha256) of one pack blob, the chunks that
+    lie back to back read as one range (a push stores a pack's chunks so, in file order:
+    one read instead of a thousand)."""
+    spots.sort()
+    ranges: list[list[int]] = []  # [offset, length] of each run of adjacent chunks
+    for offset, length, _ in spots:
+        if ranges and sum(ranges[-1]) == offset:
+            ranges[-1][1] += length
+        else:
+            ranges.append([offset, length])
+    found: dict[str, bytes] = {}
+    at = 0
+    for (start, _), data in zip(
+        ranges, vault.store.read_ranges(pack_key, [(o, n) for o, n in ranges]), strict=True
+    ):
+        view = memoryview(data)
+        while at < len(spots) and spots[at][0] < start + len(data):
+            offset, length, sha = spots[at]
+            found[sha] = bytes(view[offset - start : offset - start + length])
+            at += 1
+    return found
