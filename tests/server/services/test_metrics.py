@@ -160,8 +160,11 @@ def test_a_batch_is_stored_as_sent_to_the_microsecond(
     (key, step, source) the first is kept; a point without a source is the SDK's."""
     _, run_id, runner = _running_run(ann, tick, runner_for)
     fractions = [0.0, 1 / 128, 3 / 128, 0.9999996, 0.9999994, 0.1234565, 0.5, 0.000001]
-    fractions += [random.Random(7).random() for _ in range(200)]
+    fractions += [j / 128 for j in range(5, 128, 2)]  # each exactly half a microsecond over
+    randomly = random.Random(7)
+    fractions += [randomly.random() for _ in range(1000)]
     sent = [T0 + i + f for i, f in enumerate(fractions)]
+    sent += [1_700_006_399.9999999, 1_700_006_400.25]  # rounded into the next day; in it
     batch = [_point("loss", i, i / 7, source="stdout") | {"time": t} for i, t in enumerate(sent)]
     batch.append(_point("loss", 0, 99.0, source="stdout"))  # a repeat: not kept
     batch.append({"key": "acc", "step": 3, "value": 1, "time": T0})

@@ -40,6 +40,12 @@ MAX_STEP = 2**63 - 1
 MAX_SERIES = 50
 MIN_POINTS, MAX_POINTS = 10, 20_000
 _EARLIEST, _LATEST = 946_684_800.0, 4_102_444_800.0  # 2000-01-01 .. 2100-01-01
+# The run with that id of the instance that holds the runner token with that hash: the
+# whole authorisation of a runner's batch, in one statement.
+_RUN_OF_TOKEN = (
+    "SELECT runs.id FROM runs JOIN instances ON instances.id = runs.instance_id "
+    "AND instances.runner_token_hash = :token_hash WHERE runs.id = :run_id"
+)
 # One statement over the batch as JSON (pydantic writes it; no per-value parameters). Times
 # become timestamps exactly as datetime.fromtimestamp rounds them: the whole seconds plus the
 # fraction's microseconds, rounded half to even (PostgreSQL's round of a double is C's rint).
@@ -48,8 +54,7 @@ _EARLIEST, _LATEST = 946_684_800.0, 4_102_444_800.0  # 2000-01-01 .. 2100-01-01
 # for each point, once), so the run cannot be deleted before the points commit; with the
 # runner's token, it also checks that the run is one of the token's instance's.
 _PG_INSERT = (
-    "WITH {ctes}run AS (SELECT runs.id FROM runs {join}WHERE runs.id = :run_id "
-    "FOR KEY SHARE OF runs) "
+    "WITH {ctes}run AS ({run} FOR KEY SHARE OF runs) "
     "INSERT INTO metric_points (run_id, key, step, value, time, source) "
     "SELECT run.id, p.key, p.step, p.value, "
     "to_timestamp(trunc(p.time)) "
@@ -57,22 +62,22 @@ _PG_INSERT = (
     "coalesce(p.source, 'sdk') FROM {tables}run, json_to_recordset(CAST(:points AS json)) AS "
     "p(key varchar, step bigint, value double precision, time double precision, source varchar)"
 )
-_PG_TOKEN_JOIN = (
-    "JOIN instances ON instances.id = runs.instance_id "
-    "AND instances.runner_token_hash = :token_hash "
-)
 _PG_SKIP_KNOWN = " ON CONFLICT (run_id, key, step, source) DO NOTHING"
 # Points of a run, insert-or-ignore (of a batch's repeats the first is kept).
-_PG_STORE = text(_PG_INSERT.format(ctes="", join="", tables="") + _PG_SKIP_KNOWN)
+_PG_STORE = text(
+    _PG_INSERT.format(ctes="", run="SELECT runs.id FROM runs WHERE runs.id = :run_id", tables="")
+    + _PG_SKIP_KNOWN
+)
 # A runner's batch of new points, as a transaction of its own (db.statements: the one round
 # trip of the statement, which makes its own commit unsynced): a plain INSERT, which costs
 # PostgreSQL less per point than ON CONFLICT's speculative insertion, and fails on a point
 # the run already has (a resent batch), which then goes through _PG_STORE.
 _PG_STORE_NEW = text(
     _PG_INSERT.format(
-        ctes=f"unsynced AS ({PG_UNSYNCED_SELECT}), ", join=_PG_TOKEN_JOIN, tables="unsynced, "
+        ctes=f"unsynced AS ({PG_UNSYNCED_SELECT}), ", run=_RUN_OF_TOKEN, tables="unsynced, "
     )
 )
+_SQLITE_RUN_OF_TOKEN = text(_RUN_OF_TOKEN)
 UNIQUE_VIOLATION = "23505"
 _SQLITE_INSERT = (
     "INSERT INTO metric_points (run_id, key, step, value, time, source) "
@@ -189,18 +194,16 @@ def store_points(session: Session, run: Run, points: list[WirePoint]) -> int:
     (key, step, source) the run already has is skipped (insert-or-ignore, on SQLite and
     PostgreSQL alike), so a retried batch stores nothing twice; of a batch's own repeats the
     first is kept."""
+    return _store(session, run.id, points)
+
+
+def _store(session: Session, run_id: int, points: list[WirePoint]) -> int:
     if not points:
         return 0
     if _postgres(session):
-        return _rowcount(session.execute(_PG_STORE, {"run_id": run.id, "points": _json(points)}))
-    # SQLite: the driver's executemany of plain tuples, times as UTCDateTime writes them
-    # (naive UTC, "YYYY-MM-DD HH:MM:SS.ffffff"), without SQLAlchemy's per-row processing
-    stamps = {t: _sqlite_time(t) for t in {p["time"] for p in points}}
-    run_id = run.id
-    rows = [
-        (run_id, p["key"], p["step"], p["value"], stamps[p["time"]], p.get("source", "sdk"))
-        for p in points
-    ]
+        return _rowcount(session.execute(_PG_STORE, {"run_id": run_id, "points": _json(points)}))
+    # SQLite: the driver's executemany of plain tuples, without SQLAlchemy's per-row work
+    rows = _sqlite_rows(run_id, points)
     return _rowcount(session.connection().exec_driver_sql(_SQLITE_INSERT, rows))
 
 
@@ -219,20 +222,24 @@ def store_run_points(
     On PostgreSQL a batch of new points is one statement in one round trip (_PG_STORE_NEW:
     the token, the run and the insert, committed unsynced). When it stores nothing (an
     unknown token, another instance's run) or meets a point the run already has, the batch
-    goes the general way, which says why or skips the known points."""
+    goes the general way, which says why or skips the known points. On SQLite one statement
+    finds the token's run (_RUN_OF_TOKEN) in the batch's transaction; the look-ups that say
+    why run only when it finds none."""
+    token_hash = hash_token(runner_token)
+    params = {"run_id": run_id, "token_hash": token_hash}
     if points and _postgres(unsynced_sessions):
-        params = {"run_id": run_id, "points": _json(points), "token_hash": hash_token(runner_token)}
         try:
             with statements(unsynced_sessions.kw["bind"]).connect() as conn:
-                stored = _rowcount(conn.execute(_PG_STORE_NEW, params))
+                stored = _rowcount(conn.execute(_PG_STORE_NEW, params | {"points": _json(points)}))
             if stored:
                 return stored
         except IntegrityError as exc:
             if getattr(exc.orig, "sqlstate", None) != UNIQUE_VIOLATION:
                 raise
     with transaction(unsynced_sessions) as session:
-        instance = runners.instance_for_token(session, runner_token)
-        return store_points(session, runners.run_of(session, instance, run_id), points)
+        if _postgres(session) or session.execute(_SQLITE_RUN_OF_TOKEN, params).first() is None:
+            runners.run_of(session, runners.instance_for_token(session, runner_token), run_id)
+        return _store(session, run_id, points)
 
 
 def _postgres(bind: Session | sessionmaker[Session]) -> bool:
@@ -248,8 +255,29 @@ def _json(points: list[WirePoint]) -> str:
     return _POINTS.dump_json(points).decode()
 
 
-def _sqlite_time(unix: float) -> str:
-    return datetime.fromtimestamp(unix, UTC).isoformat(" ", "microseconds")[:26]
+def _sqlite_rows(run_id: int, points: list[WirePoint]) -> list[tuple[Any, ...]]:
+    """The points as rows for _SQLITE_INSERT, times as UTCDateTime writes them (naive UTC,
+    "YYYY-MM-DD HH:MM:SS.ffffff") and as datetime.fromtimestamp rounds them (the fraction's
+    microseconds half to even, 1,000,000 carried into the second), in arithmetic, with one
+    date made per day: a quarter less time than a datetime and its isoformat per point."""
+    rows = []
+    days: dict[int, str] = {}
+    floor = math.floor
+    for p in points:
+        unix = p["time"]
+        seconds = floor(unix)  # times are positive: the fraction is exact
+        micro = round((unix - seconds) * 1e6)  # round() of a float is half to even
+        if micro == 1_000_000:
+            seconds, micro = seconds + 1, 0
+        day, second = divmod(seconds, 86_400)
+        date = days.get(day)
+        if date is None:
+            date = days[day] = datetime.fromtimestamp(day * 86_400, UTC).strftime("%Y-%m-%d ")
+        hour, second = divmod(second, 3600)
+        minute, second = divmod(second, 60)
+        stamp = f"{date}{hour:02d}:{minute:02d}:{second:02d}.{micro:06d}"
+        rows.append((run_id, p["key"], p["step"], p["value"], stamp, p.get("source", "sdk")))
+    return rows
 
 
 def metric_keys(session: Session, run: Run) -> list[str]:
