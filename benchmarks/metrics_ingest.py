@@ -49,8 +49,13 @@ from gpulease.client import GpuleaseClient
 from gpulease.client.sse import parse_sse
 from gpulease.runner.connection import Connection
 from gpulease.schemas.instances import InstanceCreate
-from gpulease.schemas.runner import RUNNER_API, RunnerSpec
+from gpulease.schemas.runner import RUNNER_API, RunnerMetricPoint, RunnerMetrics, RunnerSpec
 from gpulease.schemas.runs import RunCreate
+
+try:
+    from gpulease.runner.metrics import batch_body
+except ImportError:  # a tree from before it (PYTHONPATH, timed in turns): its runner sent json=
+    batch_body = None
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from processes import Platform, free_port  # noqa: E402
@@ -161,20 +166,26 @@ class Bench:
             self.runner.call("POST", f"{RUNNER_API}/heartbeat", json=body)
 
     def post(self, count: int) -> float:
+        """Seconds for one batch of count new points, from the runner's encoding of its
+        points (as runner/metrics.py sends them) to the server's answer."""
         points = [
-            {
-                "key": "loss",
-                "step": self.step + i,
-                "value": 1.0 / (self.step + i + 1),
-                "time": T0 + i,
-                "source": "sdk",
-            }
+            RunnerMetricPoint(
+                key="loss",
+                step=self.step + i,
+                value=1.0 / (self.step + i + 1),
+                time=T0 + i,
+                source="sdk",
+            )
             for i in range(count)
         ]
         self.step += count
         path = f"{RUNNER_API}/runs/{self.run_id}/metrics"
         started = time.perf_counter()
-        r = self.runner.call("POST", path, json={"points": points})
+        if batch_body is None:
+            body = RunnerMetrics(points=points).model_dump(mode="json")
+            r = self.runner.call("POST", path, json=body)
+        else:
+            r = self.runner.call("POST", path, content=batch_body(points))
         elapsed = time.perf_counter() - started
         assert r.status_code == 204, r.text
         return elapsed
