@@ -25,6 +25,7 @@ from collections.abc import (
     Callable,
     Collection,
     Iterable,
+    Iterator,
     Mapping,
     Sequence,
 )
@@ -72,12 +73,11 @@ _End = tuple[float, int, "Running | _Gpus"]  # (when, sequence number, what give
 class _Pass:
     """One greedy pass over the queue at one instant: what starts, and why the rest waits."""
 
-    __slots__ = ("starts", "why", "read")
+    __slots__ = ("starts", "why")
 
     def __init__(self) -> None:
         self.starts: list[tuple[Request, tuple[int, ...]]] = []
         self.why: dict[int, str] = {}
-        self.read = 0  # how many requests of the order it read (it may stop early)
 
 
 class _Timeline:
@@ -436,8 +436,7 @@ def _greedy(
     quotas = _has_quotas(config)
     gpus_left = True  # (when not explaining) whether a GPU request may still start
     biggest: dict[str, int] = {}  # the largest free block per model, since the last take
-    read = -1
-    for read, req in enumerate(order):  # noqa: B007 (`read` is kept after the loop)
+    for req in order:
         model, count = req.model, req.count
         if not count:  # CPU only: any allowed node, its home first
             allowed = [n for n in node_ids if req.allowed is None or n in req.allowed]
@@ -526,7 +525,6 @@ def _greedy(
         starts.append((req, nodes))
         if budget is not None and len(starts) >= budget:
             break
-    out.read = read + 1
     return out
 
 
@@ -647,13 +645,11 @@ def _forward(
     seq = len(timeline.items)
     todo = None if wanted is None else {r.id for r in wanted}
     etas: dict[int, float] = {}
-    # The requests not started yet, the last first: a pass reads them from the end (in
-    # order), and those it starts are dropped from the part it read, at the end of the list.
-    rest = waiting[::-1]
+    rest = _Rest(waiting)
     budget = config.eta_events
     # With every request wanted, some is still to start exactly while one is left.
     items = timeline.items  # read from timeline.head on (pushes insert in place)
-    while (todo is None or todo) and timeline.head < len(items) and rest and budget > 0:
+    while (todo is None or todo) and timeline.head < len(items) and rest.left and budget > 0:
         head = timeline.head
         at = items[head][0]
         while head < len(items) and items[head][0] <= at:  # every end at this instant
@@ -669,7 +665,7 @@ def _forward(
         step = _greedy(
             free,
             timeline,
-            reversed(rest),
+            rest.order(free),
             when,
             config,
             held_user,
@@ -681,10 +677,8 @@ def _forward(
         if not step.starts:
             continue
         budget -= len(step.starts)
-        started = {req.id for req, _ in step.starts}
-        read = len(rest) - step.read
-        rest[read:] = [r for r in rest[read:] if r.id not in started]
         for req, nodes in step.starts:
+            rest.started(req)
             etas[req.id] = when
             if todo is not None:
                 todo.discard(req.id)
@@ -693,3 +687,65 @@ def _forward(
                 gpus_back = _Gpus(req.model, nodes, req.count, req.owner, req.team)
                 timeline.push(when + req.duration, seq, gpus_back)
     return etas
+
+
+class _Rest:
+    """The waiting requests the forward simulation has not started yet, by GPU model and
+    count per node, each class as its places in `waiting` (the policy's order), the last
+    first (a pass starts those at the front, so they are taken off the end).
+
+    A pass reads them in order, but of a model's requests too big for its largest free
+    block it reads only the first: the others change nothing in a pass (a pass only takes
+    GPUs, so they stay too big; the first is the one that holds the model, as FIFO, or
+    takes the reservation, as EASY). At scale most of the queue is such requests, waiting
+    for a whole node. CPU-only requests are left out: any that can start, starts in the
+    tick's own pass."""
+
+    __slots__ = ("waiting", "classes", "left")
+
+    def __init__(self, waiting: list[Request]) -> None:
+        self.waiting = waiting
+        self.classes: dict[str, defaultdict[int, list[int]]] = {}
+        model: str | None = None
+        by_count: defaultdict[int, list[int]] = defaultdict(list)
+        for place, req in enumerate(waiting):
+            count = req.count
+            if count:
+                if req.model != model:
+                    model = req.model
+                    got = self.classes.get(model)
+                    if got is None:
+                        got = self.classes[model] = defaultdict(list)
+                    by_count = got
+                by_count[count].append(place)
+        self.left = 0
+        for by_count in self.classes.values():
+            for places in by_count.values():
+                places.reverse()
+                self.left += len(places)
+
+    def order(self, free: FreeMap) -> Iterator[Request]:
+        """The requests a pass on `free` reads, in order."""
+        lists: list[Iterable[int]] = []
+        for model, by_count in self.classes.items():
+            big = free.largest(model)
+            first_too_big = None
+            for count, places in by_count.items():
+                if not places:
+                    continue
+                if count <= big:
+                    lists.append(reversed(places))
+                elif first_too_big is None or places[-1] < first_too_big:
+                    first_too_big = places[-1]
+            if first_too_big is not None:
+                lists.append((first_too_big,))
+        merged = lists[0] if len(lists) == 1 else heapq.merge(*lists)
+        return map(self.waiting.__getitem__, merged)
+
+    def started(self, req: Request) -> None:
+        places, waiting = self.classes[req.model][req.count], self.waiting
+        for k in range(len(places) - 1, -1, -1):  # among those the pass read, at the end
+            if waiting[places[k]] is req:
+                del places[k]
+                self.left -= 1
+                return
