@@ -12,12 +12,14 @@ class FreeMap:
     node ids) so that a best fit, the largest free block and the total are found without
     walking every node, and the lowest id of a bucket is its first."""
 
-    __slots__ = ("_free", "_buckets", "_total")
+    __slots__ = ("_free", "_buckets", "_total", "_largest")
 
     def __init__(self, free: Mapping[str, Mapping[int, int]] | None = None) -> None:
         self._free: dict[str, dict[int, int]] = {}
         self._buckets: dict[str, list[list[int]]] = {}
         self._total: dict[str, int] = {}
+        # the largest free block per model, kept as GPUs move (-1: look it up again)
+        self._largest: dict[str, int] = {}
         for model, nodes in (free or {}).items():
             for node_id, n in nodes.items():
                 self.add_node(model, node_id, n)
@@ -34,6 +36,7 @@ class FreeMap:
         other._free = {m: dict(nodes) for m, nodes in self._free.items()}
         other._buckets = {m: [list(b) for b in bs] for m, bs in self._buckets.items()}
         other._total = dict(self._total)
+        other._largest = dict(self._largest)
         return other
 
     def models(self) -> Iterable[str]:
@@ -54,13 +57,17 @@ class FreeMap:
         return sum(k * len(buckets[k]) for k in range(1, min(count, len(buckets))))
 
     def largest(self, model: str) -> int:
-        buckets = self._buckets.get(model)
-        if not buckets:
-            return 0
+        largest = self._largest.get(model, 0)
+        if largest >= 0:
+            return largest
+        buckets = self._buckets[model]
+        largest = 0
         for k in range(len(buckets) - 1, 0, -1):
             if buckets[k]:
-                return k
-        return 0
+                largest = k
+                break
+        self._largest[model] = largest
+        return largest
 
     def at_least(self, model: str, count: int) -> Iterator[int]:
         """The nodes with at least `count` free GPUs of `model`."""
@@ -116,6 +123,7 @@ class FreeMap:
         free = self._free.setdefault(model, {})
         buckets = self._buckets.setdefault(model, [[]])
         self._total.setdefault(model, 0)
+        largest = self._largest.get(model, 0)
         for node_id in node_ids:
             old = free.get(node_id, 0)
             new = old + delta
@@ -126,7 +134,12 @@ class FreeMap:
             if old:
                 bucket = buckets[old]
                 del bucket[bisect.bisect_left(bucket, node_id)]
+                if old == largest and not bucket and new < old:
+                    largest = -1  # the largest block went: found again when asked
             if new:
                 bisect.insort(buckets[new], node_id)
+                if new > largest >= 0:
+                    largest = new
             free[node_id] = new
             self._total[model] += delta
+        self._largest[model] = largest

@@ -228,24 +228,33 @@ def _explain(
 ) -> None:
     """Word why each waiting request (of `wanted`; None: all) waits, with its place in
     its model's queue and its ETA, into `out`: the 'needs' words once per model and shape,
-    the '; n requests ahead of you' once per n for every tick."""
+    the '; n requests ahead of you' once per n for every tick. This runs for every waiting
+    request, so it does the least per request: a place counts on while the model stays the
+    same, and a one-node request's shape is its count."""
     positions: dict[str, int] = {}
-    needs: dict[tuple[str, int, int], str] = {}  # the same words for the same shape
+    needs: dict[str, dict[int | tuple[int, int], str]] = {}  # model -> shape -> words
     ahead = _ahead(len(waiting))
-    why_get, needs_get, eta = why.get, needs.get, etas.get
+    why_get, eta = why.get, etas.get
     make = tuple.__new__
+    model, place = None, 0
+    shapes: dict[int | tuple[int, int], str] = {}
     for req in waiting:
-        model = req.model
-        place = positions[model] = positions.get(model, 0) + 1
+        if req.model != model:
+            if model is not None:
+                positions[model] = place
+            model = req.model
+            place = positions.get(model, 0)
+            shapes = needs.setdefault(model, {})
+        place += 1
         rid = req.id
         if wanted is not None and rid not in wanted:
             continue
         reason = why_get(rid)
-        if not reason:
-            shape = (model, req.count, req.nodes)
-            reason = needs_get(shape)
+        if reason is None:
+            shape = req.count if req.nodes == 1 else (req.count, req.nodes)
+            reason = shapes.get(shape)
             if reason is None:
-                reason = needs[shape] = _needs(req, free)
+                reason = shapes[shape] = _needs(req, free)
         out[rid] = make(Waiting, (rid, place, reason + ahead[place], eta(rid)))
 
 
@@ -363,7 +372,7 @@ def _reserve(free: FreeMap, timeline: _Timeline, req: Request, now: float) -> _R
     chosen ones are the tightest (lowest id among equals)."""
     model, count, allowed = req.model, req.count, req.allowed
     base = free.nodes(model)
-    added: dict[int, int] = {}
+    spare: dict[int, int] = {}  # free now plus given back so far, where something comes back
     ok = {n for n in free.at_least(model, count) if allowed is None or n in allowed}
     pending: float | None = None
     changed = True  # whether `ok` may have grown since the last look
@@ -373,26 +382,25 @@ def _reserve(free: FreeMap, timeline: _Timeline, req: Request, now: float) -> _R
         if at != pending:
             if changed and pending is not None:
                 if len(ok) >= req.nodes:
-                    return _reservation(base, added, ok, req, max(pending, now))
+                    return _reservation(spare, base, ok, req, max(pending, now))
                 changed = False
             pending = at
         if e.model == model:
             back = e.count
             for n in e.node_ids:
-                got = added[n] = added.get(n, 0) + back
-                fits = n not in ok and base.get(n, 0) + got >= count
-                if fits and (allowed is None or n in allowed):
+                got = spare.get(n)
+                got = spare[n] = (base.get(n, 0) if got is None else got) + back
+                if got >= count and n not in ok and (allowed is None or n in allowed):
                     ok.add(n)
                     changed = True
     if pending is not None and len(ok) >= req.nodes:
-        return _reservation(base, added, ok, req, max(pending, now))
+        return _reservation(spare, base, ok, req, max(pending, now))
     return None
 
 
 def _reservation(
-    base: Mapping[int, int], added: dict[int, int], ok: set[int], req: Request, at: float
+    spare: dict[int, int], base: Mapping[int, int], ok: set[int], req: Request, at: float
 ) -> _Reservation:
-    spare = {n: base.get(n, 0) + got for n, got in added.items()}
     reservation = _Reservation(at, spare, base)
     left = reservation.left
     if req.nodes == 1:
