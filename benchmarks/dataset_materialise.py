@@ -1,41 +1,57 @@
-"""Materialising a dataset version on a node, beside `tar xf` of the same tree.
+"""Materialising a dataset version on a node, beside `tar xf` of the same tree, in turns.
 
-The node side of benchmarks/dataset_push.py on its own, run in turns so that every figure
-sees the same load: a tree of generated files of about 10 KB is pushed once to an in-process
-server (SQLite, local blob store, sealed chunks), then each run extracts a tar of the tree
-into an empty directory and materialises the version into an empty node cache with the
-runner's materialise() (runner/datasets.py: manifest, chunk packs, decrypting and checking
-every chunk, writing the tree read-only), each step first in some runs. As in
-dataset_push.py the runner talks to the app on its ASGI transport, in the same process.
-Medians of --runs. --against F times another copy of runner/datasets.py in the same turns
-(the code before a change: `git show REV:src/gpulease/runner/datasets.py > F`). With
---profile FILE one more materialise runs under cProfile, its statistics written to FILE
-(`python -m pstats FILE`); with --spy FILE py-spy samples every thread of one more
-materialise while it holds the GIL (the in-process server's included), raw format.
+As a node meets it: a tree of generated files of about 10 KB is pushed once to a server
+(SQLite, local blob store, sealed chunks), which then runs in a process of its own and
+answers on a Unix socket, as a server answers the runners of its node. Each run extracts a
+tar of the tree into an empty directory and, in a process of its own as a runner does,
+materialises the version into an empty node cache with the runner's materialise()
+(runner/datasets.py: the file list, chunk packs, decrypting and checking every chunk,
+writing the tree read-only), timed inside that process. The steps take turns (each first
+in some runs) and the disk is synced before each, untimed. The runs' trees are kept until
+the end (about 10 GB at 100,000 files and 3 runs of two copies): on this host's ext4, files
+created within half a minute of many others being removed cost several times as much
+kernel time (the inode allocator skips recently freed inodes one by one), which would
+charge each step for the removal of the one before.
 
-    .venv/bin/python benchmarks/dataset_materialise.py [-n 20000] [--runs 5] [--against F]
+--against SRC times another copy of the code (server and runner both: the wire between
+them may differ), each with its own server process, in the same turns:
+`git archive REV src | tar x -C DIR` and then `--against DIR/src`; --source SRC times
+another copy than this checkout's src in its place. With --profile FILE one
+more materialise runs under cProfile (the runner's main thread), its statistics written to
+FILE (`python -m pstats FILE`); with --spy FILE py-spy samples every thread of the runner
+and of the server while they hold the GIL during one more, into FILE.runner and
+FILE.server (raw format).
+
+    .venv/bin/python benchmarks/dataset_materialise.py [-n 20000] [--runs 5] [--against SRC]
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import importlib.util
+import contextlib
+import json
 import os
+import pickle
+import resource
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+BENCHMARKS = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCHMARKS.parent / "tests"))
 from dataset_push import generate, node_with_dataset, timed  # noqa: E402
 from results import emit  # noqa: E402
+
+SOURCE = BENCHMARKS.parent / "src"
+_SPEC = "spec.pickle"
+_SOCKET = "server.sock"
 
 
 def main() -> None:
@@ -46,95 +62,60 @@ def main() -> None:
     parser.add_argument(
         "--against",
         type=Path,
-        help="another runner/datasets.py (git show REV:src/gpulease/runner/datasets.py > F), "
+        help="another copy of the code's src (git archive REV src | tar x -C DIR: DIR/src), "
         "timed in turns with this one",
+    )
+    parser.add_argument(
+        "--source",
+        type=Path,
+        default=SOURCE,
+        help="the code's src to time (default: this checkout's)",
     )
     parser.add_argument("--profile", type=Path, help="cProfile one more materialise into FILE")
     parser.add_argument(
-        "--spy", type=Path, help="py-spy (every thread holding the GIL) one more into FILE"
+        "--spy", type=Path, help="py-spy (every thread holding the GIL) one more into FILE.*"
     )
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # a server process
+    parser.add_argument("--tree", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--materialise", type=Path, help=argparse.SUPPRESS)  # a runner
+    parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    from gpulease.runner.datasets import materialise
+    if args.serve:
+        serve(args.serve, args.tree)
+        return
+    if args.materialise:
+        print(json.dumps(materialise_once(args.materialise, args.cache, args.profile)))
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tree = root / "tree"
         total = generate(tree, args.n, args.size)
-        archive = root / "tree.tar"
-        subprocess.run(["tar", "cf", str(archive), "-C", str(root), "tree"], check=True)
-        materialised: list[float] = []
-        extracted: list[float] = []
-        against: list[float] = []
-        with node_with_dataset(root / "server", tree) as (spec, connection):
-
-            def node(run: str, module: Any = None) -> float:
-                started = time.perf_counter()
-                (module.materialise if module else materialise)(
-                    replace(spec, dataset_cache=root / f"cache-{run}"),
-                    connection,
-                    lambda message: None,
-                )
-                return time.perf_counter() - started
-
-            def untar(run: str) -> float:
-                target = root / f"untar-{run}"
-                target.mkdir()
-                return timed(["tar", "xf", str(archive), "-C", str(target)])
-
-            steps: list[tuple[list[float], Callable[[str], float]]] = [
-                (extracted, untar),
-                (materialised, node),
-            ]
-            if args.against:
-                other = _load(args.against)
-                steps.append((against, lambda run: node(f"against-{run}", other)))
-            for run in range(args.runs):  # in turns, each first in some runs
-                for times, step in steps[run % len(steps) :] + steps[: run % len(steps)]:
-                    times.append(step(str(run)))
-                print(
-                    f"run {run + 1}: materialise {materialised[-1]:.3f} s, "
-                    f"tar xf {extracted[-1]:.3f} s"
-                    + (f", {args.against.name} {against[-1]:.3f} s" if against else ""),
-                    flush=True,
-                )
+        sources = {"materialise": args.source.resolve()}
+        if args.against:
+            sources["against"] = args.against.resolve()
+        with nodes(root, tree, sources) as node:
+            times, cpu = in_turns(root, tree, node, args.runs, print)
+            extracted = times.pop("tar xf")
             if args.profile:
-                profiler = cProfile.Profile()
-                profiler.enable()
-                node("profiled")
-                profiler.disable()
-                profiler.dump_stats(args.profile)
+                node.materialise("materialise", root / "cache-profiled", profile=args.profile)
             if args.spy:
-                spy = subprocess.Popen(
-                    [
-                        str(Path(sys.executable).parent / "py-spy"),
-                        "record",
-                        "--gil",
-                        "--threads",
-                        "-r",
-                        "200",
-                        "-f",
-                        "raw",
-                        "-o",
-                        str(args.spy),
-                        "-p",
-                        str(os.getpid()),
-                    ],
-                )
-                time.sleep(1)  # py-spy attaches
-                node("spied")
-                spy.send_signal(signal.SIGINT)
-                spy.wait()
-        seconds, baseline = statistics.median(materialised), statistics.median(extracted)
+                node.spy("materialise", root / "cache-spied", args.spy)
+        # reported before the trees are removed: at 100,000 files that takes minutes
+        seconds, baseline = statistics.median(times["materialise"]), statistics.median(extracted)
         ratio = seconds / baseline
         print(
             f"materialise {args.n:,} files ({total / 1e6:.0f} MB): {seconds:.3f} s, "
             f"tar xf {baseline:.3f} s: {ratio:.2f}× (medians of {args.runs})"
         )
-        if against:
-            print(
-                f"{args.against.name}: {statistics.median(against):.3f} s, "
-                f"{statistics.median(against) / baseline:.2f}× tar xf"
-            )
+        for name, found in times.items():
+            if name != "materialise":
+                other = statistics.median(found)
+                print(f"{name}: {other:.3f} s, {other / baseline:.2f}× tar xf")
+        print(
+            "CPU-s (medians; materialise: runner and server): "
+            + ", ".join(f"{name} {statistics.median(found):.2f}" for name, found in cpu.items())
+        )
         emit(
             f"datasets, {args.n:,} files: materialise a version (alone)",
             f"{seconds:.3f} s (into an empty node cache)",
@@ -145,13 +126,169 @@ def main() -> None:
         )
 
 
-def _load(path: Path) -> Any:
-    """A copy of runner/datasets.py as a module of its own."""
-    spec = importlib.util.spec_from_file_location("datasets_against", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+class Nodes:
+    """A server process per copy of the code, each with the tree pushed, and runner
+    processes that materialise its version."""
+
+    def __init__(self, root: Path, servers: dict[str, tuple[Path, Path, subprocess.Popen[bytes]]]):
+        self.root = root
+        self.servers = servers  # name -> (its src, its home, its process)
+
+    def materialise(self, name: str, cache: Path, *, profile: Path | None = None) -> Any:
+        """Runs one runner process of copy `name` into cache: {"seconds", "cpu" (its CPU
+        seconds, all threads), "directory" (the version's)}."""
+        source, home, _ = self.servers[name]
+        argv = [*_python(), "--materialise", str(home), "--cache", str(cache)]
+        if profile:
+            argv += ["--profile", str(profile)]
+        done = subprocess.run(argv, env=_env(source), capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"the {name} runner failed: {done.stderr[-3000:]}")
+        return json.loads(done.stdout.splitlines()[-1])
+
+    def spy(self, name: str, cache: Path, out: Path) -> None:
+        source, home, server = self.servers[name]
+        argv = [*_python(), "--materialise", str(home), "--cache", str(cache)]
+        runner = subprocess.Popen(argv, env=_env(source) | {"GPULEASE_BENCH_WAIT": "1"})
+        spies = [
+            subprocess.Popen(
+                [str(Path(sys.executable).parent / "py-spy"), "record", "--gil", "--threads"]
+                + ["-r", "200", "-f", "raw", "-o", f"{out}.{what}", "-p", str(pid)]
+            )
+            for what, pid in (("runner", runner.pid), ("server", server.pid))
+        ]
+        runner.wait()
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+            spy.wait()
+
+
+@contextlib.contextmanager
+def nodes(root: Path, tree: Path, sources: dict[str, Path]) -> Iterator[Nodes]:
+    """A server process per copy of the code (name -> its src), each with tree pushed."""
+    servers: dict[str, tuple[Path, Path, subprocess.Popen[bytes]]] = {}
+    try:
+        for name, source in sources.items():
+            home = root / f"server-{len(servers)}"
+            home.mkdir()
+            argv = [*_python(), "--serve", str(home), "--tree", str(tree)]
+            log = (home / "server.log").open("wb")
+            process = subprocess.Popen(argv, env=_env(source), stdout=log, stderr=log)
+            servers[name] = (source, home, process)
+        deadline = time.monotonic() + 1800  # pushing 100,000 files takes a while
+        for name, (_, home, process) in servers.items():  # the pushes run side by side
+            while not (home / _SOCKET).exists():
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the {name} server: {(home / 'server.log').read_text()}")
+                time.sleep(0.2)
+        yield Nodes(root, servers)
+    finally:
+        for _, _, process in servers.values():
+            process.terminate()
+        for _, _, process in servers.values():
+            process.wait(30)
+
+
+def in_turns(
+    root: Path, tree: Path, node: Nodes, runs: int, say: Callable[[str], None]
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Seconds of each run of `tar xf` and of each copy's materialise, in turns, and the CPU
+    seconds each took (tar's; the runner's and its server's together); the last run's
+    trees are left at root/last-tar-xf and root/last-NAME (the version's directory)."""
+    archive = root / "tree.tar"
+    subprocess.run(["tar", "cf", str(archive), "-C", str(tree.parent), tree.name], check=True)
+    names = ["tar xf", *node.servers]
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for run in range(runs):
+        order = names[run % len(names) :] + names[: run % len(names)]
+        for name in order:
+            target = root / f"run-{run}-{name.replace(' ', '-')}"
+            target.mkdir()
+            os.sync()  # what the step before left to write out is not this one's cost
+            if name == "tar xf":
+                before = _children_cpu()
+                times[name].append(timed(["tar", "xf", str(archive), "-C", str(target)]))
+                cpu[name].append(_children_cpu() - before)
+                made = target / tree.name
+            else:
+                server = node.servers[name][2].pid
+                before = _process_cpu(server)
+                found = node.materialise(name, target)
+                cpu[name].append(found["cpu"] + _process_cpu(server) - before)
+                times[name].append(found["seconds"])
+                made = Path(found["directory"])
+            if run == runs - 1:
+                made.rename(root / f"last-{name.replace(' ', '-')}")
+        say(
+            f"run {run + 1}: "
+            + ", ".join(f"{n} {times[n][-1]:.3f} s ({cpu[n][-1]:.2f} CPU-s)" for n in names)
+        )
+    return times, cpu
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user and system) a running process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _python() -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve())]
+
+
+def _env(source: Path) -> dict[str, str]:
+    return os.environ | {"PYTHONPATH": str(source)}
+
+
+def serve(home: Path, tree: Path) -> None:
+    """The server process: the tree pushed as dataset "cats" with an instance mounting it
+    (its runner spec left in home), then the app on a Unix socket in home until SIGTERM."""
+    import uvicorn
+
+    from factories import make_settings
+    from gpulease.backends.fake import FakeBackend
+    from gpulease.server.app import create_app
+    from gpulease.server.runtime import build_runtime
+
+    with node_with_dataset(home / "data", tree) as (spec, _):
+        (home / _SPEC).write_bytes(pickle.dumps(spec))
+    data = home / "data"
+    settings = make_settings(data, f"sqlite:///{data / 'gpulease.db'}")
+    runtime = build_runtime(settings, FakeBackend())
+    app = create_app(settings, runtime=runtime, reconcilers=False)
+    uvicorn.run(app, uds=str(home / _SOCKET), log_level="warning", access_log=False)
+
+
+def materialise_once(home: Path, cache: Path, profile: Path | None) -> dict[str, object]:
+    """A runner process: materialises the version of the server in home into cache."""
+    import cProfile
+
+    from gpulease.runner.connection import Connection
+    from gpulease.runner.datasets import materialise
+
+    spec = replace(pickle.loads((home / _SPEC).read_bytes()), dataset_cache=cache)
+    connection = Connection(
+        "http://localhost", spec.token, on_stop=lambda why: None, server_socket=home / _SOCKET
+    )
+    if os.environ.get("GPULEASE_BENCH_WAIT"):
+        time.sleep(1)  # py-spy attaches
+    profiler = cProfile.Profile() if profile else None
+    started, cpu = time.perf_counter(), time.process_time()
+    if profiler:
+        profiler.enable()
+    found = materialise(spec, connection, lambda message: None)
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    if profiler and profile:
+        profiler.disable()
+        profiler.dump_stats(profile)
+    connection.close()
+    return {"seconds": seconds, "cpu": cpu, "directory": str(found["cats"])}
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ the same tree of generated files of about 10 KB (the page cache is warm for all 
 - unchanged re-push: the same command on the tree it just pushed, beside the first push.
   The push index and the server's manifest digest settle it without reading a file.
 - materialise: the runner's materialise() (runner/datasets.py) of the pushed version into an
-  empty node cache: manifest, chunk packs, decrypting and checking every chunk, writing the
-  tree read-only; beside `tar xf` of a tar of the same tree into an empty directory. The
-  runner talks to an in-process server (the app on its ASGI transport), not over loopback.
+  empty node cache: the file list, chunk packs, decrypting and checking every chunk,
+  writing the tree read-only; beside `tar xf` of a tar of the same tree into an empty
+  directory, in turns. As a node meets it: the server runs in a process of its own and
+  answers on a Unix socket, the runner in another (benchmarks/dataset_materialise.py).
 - re-push scan: what an unchanged re-push does per file (scan, stat digest; nothing is
   read) at 100,000 files (--scan-files), beside `find` printing every file's stat.
 - read: a job reading every file of the materialised version through a read-only bind
@@ -41,7 +42,6 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -199,27 +199,19 @@ def node_with_dataset(home: Path, tree: Path) -> Iterator[tuple[Any, Any]]:
 
 
 def bench_node(root: Path, tree: Path, args: argparse.Namespace, console: Console) -> list[Row]:
-    from gpulease.runner.datasets import materialise
+    """Materialise and tar xf in turns, the server in a process of its own as a node meets
+    it (benchmarks/dataset_materialise.py), then a job's reads of the last run's trees."""
+    from dataset_materialise import SOURCE, in_turns, nodes
 
-    archive = root / "tree.tar"
-    subprocess.run(["tar", "cf", str(archive), "-C", str(tree.parent), tree.name], check=True)
-    materialised, extracted = [], []
+    home = root / "node"
+    home.mkdir()
     with contextlib.ExitStack() as stack:
-        with console.status("node side: pushing the tree to an in-process server"):
-            spec, connection = stack.enter_context(node_with_dataset(root / "node-server", tree))
-        for run in range(args.runs):
-            with console.status(f"materialise {run + 1}/{args.runs}"):
-                target = root / f"untar-{run}"
-                target.mkdir()
-                extracted.append(timed(["tar", "xf", str(archive), "-C", str(target)]))
-                cache = root / f"node-cache-{run}"
-                started = time.perf_counter()
-                found = materialise(
-                    replace(spec, dataset_cache=cache), connection, lambda message: None
-                )
-                materialised.append(time.perf_counter() - started)
-    version_dir = found["cats"]
-    plain = root / "untar-0" / tree.name
+        with console.status("node side: pushing the tree to a server of its own"):
+            node = stack.enter_context(nodes(home, tree, {"materialise": SOURCE}))
+        with console.status(f"materialise and tar xf in turns, {args.runs} runs"):
+            times, _ = in_turns(home, tree, node, args.runs, lambda line: None)
+    materialised, extracted = times["materialise"], times["tar xf"]
+    version_dir, plain = home / "last-materialise", home / "last-tar-xf"
     jobs, plains = [], []
     with console.status("reads"):
         for run in range(max(args.runs, 5)):  # in turns, each first every other run
