@@ -51,6 +51,18 @@ def test_a_multi_gpu_request_needs_one_node_and_says_why_it_waits() -> None:
     assert "3 requests ahead of you" in d.waiting[4].reason
 
 
+def test_a_waiting_requests_words_end_with_how_many_are_ahead_of_it() -> None:
+    s = state({1: 2, 2: 2}, [req(1, count=4), req(2, count=4), req(3, count=4)])
+    d = schedule(s, 0, Config("fifo"))
+    needs = "needs 4 × A100-80GB on one node; the largest free block is 2"
+    assert [d.waiting[i].reason for i in (1, 2, 3)] == [
+        needs,
+        f"{needs}; 1 request ahead of you",
+        f"{needs}; 2 requests ahead of you",
+    ]
+    assert d.waiting[2].cause == needs and d.waiting[2].position == 2
+
+
 def test_gang_is_all_or_nothing() -> None:
     s = state({1: 8, 2: 4, 3: 8}, [req(1, count=8, nodes=3)])
     d = schedule(s, 0, Config("default"))

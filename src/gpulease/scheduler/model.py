@@ -146,8 +146,19 @@ class Start:
 class Waiting(NamedTuple):
     request_id: int
     position: int  # 1-based among the requests for its GPU model, in policy order
-    reason: str
+    cause: str  # why it waits, without its place: the same words for many requests
     eta: float | None  # when the forward simulation starts it; None: not known
+
+    @property
+    def reason(self) -> str:
+        """Why it waits, in words, with how many requests are ahead of it: 'needs 4 ×
+        A100-80GB on one node; the largest free block is 2; 3 requests ahead of you'. Put
+        together when read, not by the tick: at scale a tick has thousands of waiting
+        requests, most of whose words are never read (the simulator reads only estimates)."""
+        ahead = self.position - 1
+        if ahead < 1:
+            return self.cause
+        return f"{self.cause}; {ahead} request{'s' if ahead != 1 else ''} ahead of you"
 
 
 @dataclass(slots=True)

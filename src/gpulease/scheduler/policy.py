@@ -227,13 +227,12 @@ def _explain(
     out: dict[int, Waiting],
 ) -> None:
     """Word why each waiting request (of `wanted`; None: all) waits, with its place in
-    its model's queue and its ETA, into `out`: the 'needs' words once per model and shape,
-    the '; n requests ahead of you' once per n for every tick. This runs for every waiting
-    request, so it does the least per request: a place counts on while the model stays the
-    same, and a one-node request's shape is its count."""
+    its model's queue and its ETA, into `out`: the 'needs' words once per model and shape
+    (Waiting.reason adds the place when read). This runs for every waiting request, so it
+    does the least per request: a place counts on while the model stays the same, and a
+    one-node request's shape is its count."""
     positions: dict[str, int] = {}
     needs: dict[str, dict[int | tuple[int, int], str]] = {}  # model -> shape -> words
-    ahead = _ahead(len(waiting))
     why_get, eta = why.get, etas.get
     make = tuple.__new__
     model, place = None, 0
@@ -255,24 +254,7 @@ def _explain(
             reason = shapes.get(shape)
             if reason is None:
                 reason = shapes[shape] = _needs(req, free)
-        out[rid] = make(Waiting, (rid, place, reason + ahead[place], eta(rid)))
-
-
-# "; n requests ahead of you" at place n + 1 ("" at 1), worded once for every tick: a longer
-# list replaces it whole, so a thread reading the old one reads it complete
-_AHEAD: list[str] = ["", ""]
-
-
-def _ahead(places: int) -> list[str]:
-    """The words for every place up to `places`, by place."""
-    global _AHEAD
-    ahead = _AHEAD
-    if len(ahead) <= places:
-        more = [f"; {n - 1} requests ahead of you" for n in range(len(ahead), 2 * places + 1)]
-        if len(ahead) == 2:
-            more[0] = "; 1 request ahead of you"
-        ahead = _AHEAD = ahead + more
-    return ahead
+        out[rid] = make(Waiting, (rid, place, reason, eta(rid)))
 
 
 def policy_order(
