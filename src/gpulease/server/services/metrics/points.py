@@ -258,24 +258,31 @@ def _json(points: list[WirePoint]) -> str:
 def _sqlite_rows(run_id: int, points: list[WirePoint]) -> list[tuple[Any, ...]]:
     """The points as rows for _SQLITE_INSERT, times as UTCDateTime writes them (naive UTC,
     "YYYY-MM-DD HH:MM:SS.ffffff") and as datetime.fromtimestamp rounds them (the fraction's
-    microseconds half to even, 1,000,000 carried into the second), in arithmetic, with one
-    date made per day: a quarter less time than a datetime and its isoformat per point."""
+    microseconds half to even, 1,000,000 carried into the second), in arithmetic: one date a
+    day, one "date HH:MM:SS." a second that the point before was not in (a batch of a run's
+    last half second is mostly one), and the microseconds. Against a datetime and its
+    isoformat per distinct time (medians in turns): 2.0 -> 1.2 ms for 1,000 points a second
+    apart, 1.8 -> 0.4 ms for 1,000 in half a second."""
     rows = []
     days: dict[int, str] = {}
     floor = math.floor
+    last, prefix = -1, ""
     for p in points:
         unix = p["time"]
         seconds = floor(unix)  # times are positive: the fraction is exact
         micro = round((unix - seconds) * 1e6)  # round() of a float is half to even
         if micro == 1_000_000:
             seconds, micro = seconds + 1, 0
-        day, second = divmod(seconds, 86_400)
-        date = days.get(day)
-        if date is None:
-            date = days[day] = datetime.fromtimestamp(day * 86_400, UTC).strftime("%Y-%m-%d ")
-        hour, second = divmod(second, 3600)
-        minute, second = divmod(second, 60)
-        stamp = f"{date}{hour:02d}:{minute:02d}:{second:02d}.{micro:06d}"
+        if seconds != last:
+            day, second = divmod(seconds, 86_400)
+            date = days.get(day)
+            if date is None:
+                date = days[day] = datetime.fromtimestamp(day * 86_400, UTC).strftime("%Y-%m-%d")
+            hour, second = divmod(second, 3600)
+            minute, second = divmod(second, 60)
+            # %-formatting: 0.35 µs where the f-string's format specs take 0.46 (0.12, 0.23)
+            last, prefix = seconds, "%s %02d:%02d:%02d." % (date, hour, minute, second)  # noqa: UP031
+        stamp = prefix + "%06d" % micro  # noqa: UP031
         rows.append((run_id, p["key"], p["step"], p["value"], stamp, p.get("source", "sdk")))
     return rows
 
