@@ -194,7 +194,7 @@ def _file_list(
     breaks = 0
     while True:
         reader = file_lists.Reader()
-        asked = listed
+        asked, checked = listed, False
         try:
             with connection.stream("GET", path, params={"start": asked}, timeout=300) as answer:
                 if answer.status_code != 200:
@@ -203,10 +203,12 @@ def _file_list(
                         f"{answer.status_code}: {answer.text[:300]}"
                     )
                 for data in answer.iter_bytes():
-                    for block in reader.feed(data):
+                    blocks = reader.feed(data)
+                    if reader.total is not None and not checked:  # its header is in
                         if reader.start != asked or total not in (None, reader.total):
                             raise file_lists.FileListError("it does not go on where it broke off")
-                        total = reader.total
+                        total, checked = reader.total, True
+                    for block in blocks:
                         listed += len(block.paths)
                         breaks = 0
                         yield block

@@ -30,6 +30,7 @@ from gpulease.backends.fake import FakeBackend
 from gpulease.runner.connection import Connection
 from gpulease.runner.datasets import (
     DatasetError,
+    _file_list,
     _Listing,
     _Tree,
     chunk_aad,
@@ -506,3 +507,27 @@ def test_chunks_asked_for_out_of_order_and_with_gaps_come_whole_in_the_order_ask
     for sha, sealed in records:
         plain = open_sealed(keys[sha], sealed, chunk_aad(owner, sha), sha)
         assert hashlib.sha256(plain).hexdigest() == sha
+
+
+def _answering(*bodies: bytes) -> Connection:
+    """A runner Connection whose calls get these bodies in turn (200), the last one after."""
+    left = list(bodies)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=left.pop(0) if len(left) > 1 else left[0])
+
+    return Connection(
+        "http://testserver", "t", on_stop=lambda reason: None, transport=httpx.MockTransport(answer)
+    )
+
+
+def test_an_empty_file_list_is_read_and_one_that_starts_over_is_refused() -> None:
+    empty = _answering(file_lists.header(0, 0) + file_lists.END)
+    assert list(_file_list(empty, "/list", "dataset d v1")) == []
+    one = file_lists.block(["a"], [0], [0], b"", b"")
+    broken = file_lists.header(2, 0) + one  # breaks off after "a"
+    again = file_lists.header(2, 0) + one + one + file_lists.END  # from 0, not from 1
+    blocks = _file_list(_answering(broken, again), "/list", "dataset d v1")
+    assert next(blocks).paths == ["a"]
+    with pytest.raises(DatasetError, match="does not go on where it broke off"):
+        next(blocks)
