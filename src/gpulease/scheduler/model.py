@@ -155,10 +155,24 @@ class Waiting(NamedTuple):
         A100-80GB on one node; the largest free block is 2; 3 requests ahead of you'. Put
         together when read, not by the tick: at scale a tick has thousands of waiting
         requests, most of whose words are never read (the simulator reads only estimates)."""
-        ahead = self.position - 1
-        if ahead < 1:
-            return self.cause
-        return f"{self.cause}; {ahead} request{'s' if ahead != 1 else ''} ahead of you"
+        words = _AHEAD
+        if self.position >= len(words):
+            words = _ahead(self.position)
+        return self.cause + words[self.position]
+
+
+# "; n requests ahead of you" at place n + 1 ("" at 1), by place, made once for every
+# answer: a longer list replaces it whole, so a thread reading the old one reads it complete
+_AHEAD: list[str] = ["", "", "; 1 request ahead of you"]
+
+
+def _ahead(place: int) -> list[str]:
+    global _AHEAD
+    words = _AHEAD
+    if len(words) <= place:
+        more = range(len(words), 2 * place + 1)
+        words = _AHEAD = words + [f"; {n - 1} requests ahead of you" for n in more]
+    return words
 
 
 @dataclass(slots=True)
