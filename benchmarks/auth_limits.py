@@ -114,6 +114,14 @@ def fresh_pg(url: str) -> str | None:
     return url.rsplit("/", 1)[0] + "/bench_auth_limits"
 
 
+def drop_pg(url: str) -> None:
+    """The benchmark's own database dropped again (its connections are closed by then)."""
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("DROP DATABASE IF EXISTS bench_auth_limits"))
+    engine.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=10_000)
@@ -131,7 +139,10 @@ def main() -> None:
         )
         pg = fresh_pg(args.pg)
         if pg is not None:
-            measure("PostgreSQL", pg, root / "pg", args.n, args.rounds)
+            try:
+                measure("PostgreSQL", pg, root / "pg", args.n, args.rounds)
+            finally:
+                drop_pg(args.pg)
 
 
 if __name__ == "__main__":
