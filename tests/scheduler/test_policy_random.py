@@ -18,6 +18,7 @@ from gpulease.scheduler.model import (
     Request,
     Running,
     RunningSet,
+    Waiting,
 )
 from gpulease.scheduler.placement import FreeMap
 from gpulease.scheduler.policy import POLICIES, policy_order, schedule
@@ -176,3 +177,19 @@ def test_the_order_is_the_documented_key_whatever_the_queue_order(seed: int, pol
         again = ClusterState(s.free, s.running, shuffled, s.usage, s.node_ids)
         assert policy_order(shuffled, s.usage, cfg) == order
         assert decisions(schedule(again, now, cfg)) == decisions(schedule(s, now, cfg))
+
+
+@pytest.mark.parametrize(("seed", "policy"), cases(25))
+def test_answers_read_one_at_a_time_or_all_at_once_are_the_same(seed: int, policy: str) -> None:
+    rng = random.Random(seed)
+    s, now = cluster(rng)
+    cfg = config(rng, policy)
+    some = None if rng.random() < 0.5 else {r.id for r in s.queue if rng.random() < 0.5}
+    waiting = schedule(s, now, cfg, explain=some).waiting
+    one_by_one = {k: waiting[k] for k in waiting}  # before any is made all at once
+    assert len(one_by_one) == len(waiting) and all(k in waiting for k in one_by_one)
+    assert -1 not in waiting and waiting.get(-1) is None
+    assert all(isinstance(w, Waiting) and w.request_id == k for k, w in one_by_one.items())
+    assert list(waiting.items()) == list(one_by_one.items())  # all at once, in order
+    assert {k: waiting[k] for k in waiting} == one_by_one  # once all are made (kept)
+    assert list(waiting.values()) == list(one_by_one.values()) and waiting == one_by_one

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import operator
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -175,6 +176,127 @@ def _ahead(place: int) -> list[str]:
     return words
 
 
+class WaitingSet(Mapping[int, Waiting]):
+    """Why each waiting request waits, by request id, read as a Mapping of Waiting answers.
+
+    A tick answers for thousands of waiting requests, and most answers are never read (the
+    simulator reads a few estimates), so it makes nothing per request: it keeps the
+    waiting requests with their places, the reasons its pass gave by id, the ETAs by id
+    and the free GPUs it left; an answer is put together from them when it is read (a
+    request without a reason of the pass waits for room: the words of its model and
+    shape, worded once per shape on the free GPUs the tick left). Reading them all (values,
+    items) makes them all at once and keeps them. Reading decides nothing. Read-only;
+    `free` must not change after (the tick's own copy)."""
+
+    __slots__ = ("_requests", "_places", "_why", "_etas", "_free", "_needs", "_index", "_made")
+
+    def __init__(
+        self,
+        requests: Sequence[Request] = (),
+        places: Sequence[int] = (),
+        why: Mapping[int, str] | None = None,
+        etas: Mapping[int, float] | None = None,
+        free: FreeMap | None = None,
+    ) -> None:
+        """`places[k]` is the place of `requests[k]` (distinct ids). `why` and `etas` may
+        hold ids that are not waiting (they are never read)."""
+        self._requests = requests
+        self._places = places
+        self._why: Mapping[int, str] = why if why is not None else {}
+        self._etas: Mapping[int, float] = etas if etas is not None else {}
+        self._free = free if free is not None else FreeMap()
+        # model -> shape (count, or (count, nodes) for a gang) -> why it waits for room
+        self._needs: dict[str, dict[int | tuple[int, int], str]] = {}
+        self._index: dict[int, int] | None = None  # request id -> k, made on the first look
+        self._made: dict[int, Waiting] | None = None  # every answer, once all were read
+
+    def _cause(self, req: Request) -> str:
+        cause = self._why.get(req.id)
+        if cause is None:
+            shapes = self._needs.setdefault(req.model, {})
+            shape = req.count if req.nodes == 1 else (req.count, req.nodes)
+            cause = shapes.get(shape)
+            if cause is None:
+                cause = shapes[shape] = needs_words(req.model, req.count, req.nodes, self._free)
+        return cause
+
+    def _at(self) -> dict[int, int]:
+        index = self._index
+        if index is None:
+            ids = map(_BY_ID, self._requests)
+            index = self._index = dict(zip(ids, range(len(self._requests)), strict=False))
+        return index
+
+    def _all(self) -> dict[int, Waiting]:
+        """Every answer, made in one go (a request's cause as _cause, with less per
+        request: the shapes of one model are looked up while the model stays the same)."""
+        made = self._made
+        if made is not None:
+            return made
+        made = {}
+        why, eta, needs, free = self._why.get, self._etas.get, self._needs, self._free
+        make = tuple.__new__
+        model = None
+        shapes: dict[int | tuple[int, int], str] = {}
+        for req, place in zip(self._requests, self._places, strict=True):
+            rid = req.id
+            cause = why(rid)
+            if cause is None:
+                if req.model != model:
+                    model = req.model
+                    shapes = needs.setdefault(model, {})
+                shape = req.count if req.nodes == 1 else (req.count, req.nodes)
+                cause = shapes.get(shape)
+                if cause is None:
+                    cause = shapes[shape] = needs_words(model, req.count, req.nodes, free)
+            made[rid] = make(Waiting, (rid, place, cause, eta(rid)))
+        self._made = made
+        return made
+
+    def __getitem__(self, request_id: int) -> Waiting:
+        if self._made is not None:
+            return self._made[request_id]
+        k = self._at()[request_id]
+        req = self._requests[k]
+        facts = (request_id, self._places[k], self._cause(req), self._etas.get(request_id))
+        return tuple.__new__(Waiting, facts)
+
+    def __contains__(self, request_id: object) -> bool:
+        if self._made is not None:
+            return request_id in self._made
+        return request_id in self._at()
+
+    def __iter__(self) -> Iterator[int]:
+        return map(_BY_ID, self._requests)
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def values(self) -> ValuesView[Waiting]:
+        return self._all().values()
+
+    def items(self) -> ItemsView[int, Waiting]:
+        return self._all().items()
+
+    def __repr__(self) -> str:
+        return f"WaitingSet({self._all()!r})"
+
+
+def needs_words(model: str, count: int, nodes: int, free: FreeMap) -> str:
+    """Why a request for `count` × `model` on each of `nodes` nodes waits for room."""
+    if nodes > 1:
+        having = sum(1 for n in free.nodes(model).values() if n >= count)
+        return (
+            f"needs {nodes} nodes with {count} × {model} free each (all at once); "
+            f"{having} node{'s' if having != 1 else ''} can take that now"
+        )
+    largest = free.largest(model)
+    return f"needs {count} × {model} on one node; the largest free block is {largest}"
+
+
+_BY_ID = operator.attrgetter("id")
+
+
 @dataclass(slots=True)
 class Decisions:
     starts: list[Start] = field(default_factory=list)
@@ -182,7 +304,7 @@ class Decisions:
     # A start that takes GPUs from running instances (preempted now, or already stopping):
     # request id -> those running ids. It can begin only once they have given them back.
     reclaiming: dict[int, list[int]] = field(default_factory=dict)
-    waiting: dict[int, Waiting] = field(default_factory=dict)
+    waiting: Mapping[int, Waiting] = field(default_factory=WaitingSet)
 
 
 class FairShare:

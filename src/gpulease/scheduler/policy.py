@@ -41,7 +41,7 @@ from gpulease.scheduler.model import (
     Running,
     RunningSet,
     Start,
-    Waiting,
+    WaitingSet,
 )
 from gpulease.scheduler.placement import FreeMap
 
@@ -207,13 +207,8 @@ def schedule(
         state.node_ids,
         None if explain is None else wanted,
     )
-    _explain(
-        waiting,
-        None if explain is None else {r.id for r in wanted},
-        result.why,
-        etas,
-        free,
-        decisions.waiting,
+    decisions.waiting = _explain(
+        waiting, None if explain is None else {r.id for r in wanted}, result.why, etas, free
     )
     return decisions
 
@@ -224,37 +219,28 @@ def _explain(
     why: dict[int, str],
     etas: dict[int, float],
     free: FreeMap,
-    out: dict[int, Waiting],
-) -> None:
-    """Word why each waiting request (of `wanted`; None: all) waits, with its place in
-    its model's queue and its ETA, into `out`: the 'needs' words once per model and shape
-    (Waiting.reason adds the place when read). This runs for every waiting request, so it
-    does the least per request: a place counts on while the model stays the same, and a
-    one-node request's shape is its count."""
-    positions: dict[str, int] = {}
-    needs: dict[str, dict[int | tuple[int, int], str]] = {}  # model -> shape -> words
-    why_get, eta = why.get, etas.get
-    make = tuple.__new__
-    model, place = None, 0
-    shapes: dict[int | tuple[int, int], str] = {}
-    for req in waiting:
-        if req.model != model:
-            if model is not None:
-                positions[model] = place
-            model = req.model
-            place = positions.get(model, 0)
-            shapes = needs.setdefault(model, {})
-        place += 1
-        rid = req.id
-        if wanted is not None and rid not in wanted:
-            continue
-        reason = why_get(rid)
-        if reason is None:
-            shape = req.count if req.nodes == 1 else (req.count, req.nodes)
-            reason = shapes.get(shape)
-            if reason is None:
-                reason = shapes[shape] = _needs(req, free)
-        out[rid] = make(Waiting, (rid, place, reason, eta(rid)))
+) -> WaitingSet:
+    """Why each waiting request (of `wanted`; None: all) waits, with its place in its
+    model's queue and its ETA. This is for every waiting request, so it does the least per
+    request: no object of its own (the WaitingSet puts an answer together when one is
+    read), and when all wait for one model and all are wanted, their places are simply 1,
+    2, 3..."""
+    shown: Sequence[Request] = waiting
+    places: Sequence[int]
+    if wanted is None and len(set(map(_BY_MODEL, waiting))) <= 1:
+        places = range(1, len(waiting) + 1)
+    else:
+        shown, places = [], []
+        positions: dict[str, int] = defaultdict(int)
+        for req in waiting:
+            place = positions[req.model] = positions[req.model] + 1
+            if wanted is None or req.id in wanted:
+                shown.append(req)
+                places.append(place)
+    return WaitingSet(shown, places, why, etas, free)
+
+
+_BY_MODEL = operator.attrgetter("model")
 
 
 def policy_order(
@@ -331,17 +317,6 @@ def _quota_refusal(
                 f"{cap} GPUs and this needs {req.gpus}"
             )
     return None
-
-
-def _needs(req: Request, free: FreeMap) -> str:
-    largest = free.largest(req.model)
-    if req.nodes > 1:
-        having = sum(1 for n in free.nodes(req.model).values() if n >= req.count)
-        return (
-            f"needs {req.nodes} nodes with {req.count} × {req.model} free each (all at once); "
-            f"{having} node{'s' if having != 1 else ''} can take that now"
-        )
-    return f"needs {req.count} × {req.model} on one node; the largest free block is {largest}"
 
 
 def _reserve(free: FreeMap, timeline: _Timeline, req: Request, now: float) -> _Reservation | None:

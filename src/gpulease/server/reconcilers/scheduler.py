@@ -13,6 +13,7 @@ and in its status message.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from sqlalchemy import func, select, update
@@ -116,7 +117,7 @@ def tick(rt: Runtime) -> int:
 
 def _explain(
     session: Session,
-    waiting: dict[int, Waiting],
+    waiting: Mapping[int, Waiting],
     now: datetime,
     state: ClusterState,
     known: dict[int, Duration],
