@@ -156,9 +156,17 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
         yield session
 
 
-def alembic_config(engine: Engine) -> Config:
+VERSION_TABLE = "alembic_version"  # Alembic's record of the schema's revision
+
+
+def _scripts_config() -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
+    return cfg
+
+
+def alembic_config(engine: Engine) -> Config:
+    cfg = _scripts_config()
     cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
     return cfg
 
@@ -166,19 +174,18 @@ def alembic_config(engine: Engine) -> Config:
 @functools.cache
 def head_revision() -> str | None:
     """The newest revision of the migrations this code ships with."""
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    return ScriptDirectory.from_config(cfg).get_current_head()
+    return ScriptDirectory.from_config(_scripts_config()).get_current_head()
+
+
+def schema_revisions(conn: Connection) -> list[str]:
+    """The revisions the database's version table holds (exactly one once migrated)."""
+    rows = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))
+    return [str(row[0]) for row in rows]
 
 
 def at_head(conn: Connection) -> bool:
     """Whether the database's schema is already the newest revision (one small read)."""
-    if not inspect(conn).has_table("alembic_version"):
-        return False
-    versions: list[str] = list(
-        conn.execute(text("SELECT version_num FROM alembic_version")).scalars()
-    )
-    return versions == [head_revision()]
+    return inspect(conn).has_table(VERSION_TABLE) and schema_revisions(conn) == [head_revision()]
 
 
 def migrate(engine: Engine) -> None:
@@ -187,10 +194,10 @@ def migrate(engine: Engine) -> None:
     Replicas starting together on Postgres take an advisory lock so that exactly one of
     them runs the migration."""
     with engine.connect() as conn:
-        if at_head(conn):
-            conn.commit()
+        done = at_head(conn)
+        conn.commit()  # the read's transaction ends before the lock is waited for
+        if done:
             return
-        conn.commit()
         if engine.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_lock(7426)"))
         try:

@@ -27,9 +27,8 @@ from sqlalchemy import Connection, Engine, MetaData, Table, create_engine, inspe
 from sqlalchemy.engine import make_url
 
 from gpulease.server.backups.progress import Advance, Step
-from gpulease.server.db import alembic_config, normalize_url
+from gpulease.server.db import VERSION_TABLE, alembic_config, normalize_url, schema_revisions
 
-VERSION_TABLE = "alembic_version"
 BATCH_ROWS = 1000
 # Columns holding paths under the data directory; rewritten when it moved (see load_tables).
 PATH_COLUMNS = ("workspace", "workdir_upload")
@@ -83,7 +82,7 @@ def _tables(conn: Connection) -> list[Table]:
 
 
 def _revision(conn: Connection) -> str:
-    revisions = [row[0] for row in conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))]
+    revisions = schema_revisions(conn)
     if len(revisions) != 1:
         raise ValueError(f"the database has schema revisions {revisions}; expected exactly one")
     return str(revisions[0])
