@@ -141,9 +141,8 @@ class Connection:
         memory (the workdir archive may be large). give_up_after: raise Unreachable once
         that many seconds of retrying passed (None: retry until the server answers).
         content: a raw body (a chunk pack) instead of json."""
-        while True:
-            bearer = self._token
-            response = self._answer(
+        response = self._with_current_token(
+            lambda bearer: self._answer(
                 method,
                 path,
                 bearer,
@@ -156,9 +155,8 @@ class Connection:
                 give_up_after,
                 content,
             )
-            if response.status_code == 401 and self._settled_token() != bearer:
-                continue  # open_session replaced the token while this call was out
-            return self._judge(method, path, response)
+        )
+        return self._judge(method, path, response)
 
     @contextlib.contextmanager
     def stream(
@@ -167,18 +165,25 @@ class Connection:
         """call() for a body read as it comes (response.iter_bytes()): getting the answer is
         retried and judged as call() does it; a break after that raises httpx.TransportError
         to the reader, who may ask again for what it lacks."""
-        while True:
-            bearer = self._token
-            response = self._answer(
+        response = self._with_current_token(
+            lambda bearer: self._answer(
                 method, path, bearer, None, params, timeout, True, None, stream=True
             )
+        )
+        try:
+            yield self._judge(method, path, response)
+        finally:
+            response.close()
+
+    def _with_current_token(self, ask: Callable[[str], httpx.Response]) -> httpx.Response:
+        """ask(bearer)'s answer under the session's token, asked again when open_session
+        replaced the token while it was out (its 401 was for the old one)."""
+        while True:
+            bearer = self._token
+            response = ask(bearer)
             if response.status_code == 401 and self._settled_token() != bearer:
                 continue  # open_session replaced the token while this call was out
-            try:
-                yield self._judge(method, path, response)
-            finally:
-                response.close()
-            return
+            return response
 
     def _settled_token(self) -> str:
         """The token once no open_session is under way."""
