@@ -10,9 +10,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
@@ -215,3 +218,54 @@ def for_update(engine_or_session: Session) -> dict[str, Any]:
     """Options for select(...).with_for_update(**): row locks that skip rows another replica
     holds on Postgres; SQLite serialises writers itself and ignores them."""
     return {"skip_locked": True}
+
+
+# -- PostgreSQL from the event loop ------------------------------------------------------
+
+AsyncPool = AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]
+# How async_pool's connections name themselves to PostgreSQL (pg_stat_activity), unless the
+# database URL names one.
+ASYNC_APPLICATION_NAME = "gpulease async"
+
+
+def async_pool(engine: Engine, *, max_size: int = 10) -> AsyncPool:
+    """PostgreSQL: a pool of psycopg's async connections to the engine's database, each in
+    autocommit (a statement is a transaction of its own, as statements() makes the engine's),
+    for a hot path's one statement awaited on the event loop itself: no worker thread, whose
+    two hops cost more than the statement's round trip on a loaded host. It connects as the
+    engine's own connections do (the dialect's arguments and adapters). Not opened: open it
+    (await pool.open()) in the event loop that uses it, and close it there."""
+    _, params = engine.dialect.create_connect_args(engine.url)
+    params.setdefault("application_name", ASYNC_APPLICATION_NAME)
+    return AsyncConnectionPool(
+        kwargs={**params, "autocommit": True},
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        name="gpulease-async",
+    )
+
+
+async def execute_async(pool: AsyncPool, query: str, params: dict[str, Any]) -> int:
+    """Run one statement (psycopg's %(name)s parameters) on a connection of the pool and
+    return its rowcount. A connection found dead (the database restarted, or its backend
+    was terminated) is thrown away, the pool's idle connections are checked (a restart
+    killed them all; the pool replaces each dead one), and the statement runs once more on
+    another connection. The caller's statement must be safe to run twice (it may have
+    committed before the connection died)."""
+    async with pool.connection() as conn:
+        try:
+            return await _rowcount_of(conn, query, params)
+        except psycopg.OperationalError:
+            if not conn.broken:
+                raise
+    await pool.check()
+    async with pool.connection() as conn:
+        return await _rowcount_of(conn, query, params)
+
+
+async def _rowcount_of(
+    conn: AsyncConnection[tuple[Any, ...]], query: str, params: dict[str, Any]
+) -> int:
+    cursor = await conn.execute(query, params)
+    return max(cursor.rowcount, 0)

@@ -10,9 +10,10 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, FastAPI, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -29,6 +30,7 @@ from gpulease.schemas.metrics import (
 )
 from gpulease.schemas.runner import RUNNER_API, RunnerGpuSamples, RunnerMetrics
 from gpulease.schemas.runs import LogChunkPublic, RunPublic
+from gpulease.server.db import AsyncPool, async_pool
 from gpulease.server.routers.deps import (
     AdminUser,
     CurrentUser,
@@ -40,13 +42,35 @@ from gpulease.server.routers.deps import (
     runtime,
     tx,
 )
+from gpulease.server.runtime import Runtime
 from gpulease.server.services import metrics, runs
 from gpulease.server.services.instances import lifecycle
 from gpulease.server.services.metrics.points import check_max_points, parse_keys
 from gpulease.server.signals import Broadcast
 
+
+@asynccontextmanager
+async def _ingest_pool(app: FastAPI) -> AsyncIterator[None]:
+    """On PostgreSQL, the pool of async connections that runner batches are stored over from
+    the event loop (app.state.ingest_pool), opened in the server's loop once the runtime is
+    there (the app's own lifespan, which this one runs inside) and closed at shutdown,
+    before the engine is disposed. SQLite: none (its batches go to a worker thread)."""
+    rt = app.state.runtime
+    pool = None
+    if isinstance(rt, Runtime) and rt.engine.dialect.name == "postgresql":
+        pool = async_pool(rt.engine)
+        await pool.open(wait=True)  # fails the start if the database cannot be reached
+    app.state.ingest_pool = pool
+    try:
+        yield
+    finally:
+        app.state.ingest_pool = None
+        if pool is not None:
+            await pool.close()
+
+
 router = APIRouter(tags=["metrics"])
-runner_router = APIRouter(prefix=RUNNER_API, tags=["runner"])
+runner_router = APIRouter(prefix=RUNNER_API, tags=["runner"], lifespan=_ingest_pool)
 KEEPALIVE_S = 15.0
 REREAD_S = 1.0
 MAX_COMPARE = 10
@@ -68,13 +92,29 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 )
 async def runner_metrics(run_id: IdPath, request: Request) -> Response:
     """A runner's batch, a RunnerMetrics, checked straight from its JSON bytes in one pass (a
-    batch is up to thousands of points; a model object per point costs more than storing it)
-    and stored in one hop to a worker thread: no sync dependency or background task, each of
-    which would be a hop of its own (about a millisecond each on a loaded host)."""
+    batch is up to thousands of points; a model object per point costs more than storing it).
+
+    PostgreSQL: parsed and stored on the event loop itself, the one statement awaited over
+    the app's pool of async connections (services.metrics.store_run_points_on_loop); only a
+    batch that statement does not answer (a wrong token or run, a resent point) goes to a
+    worker thread. SQLite: parsed and stored in one hop to a worker thread. Either way no
+    sync dependency or background task, each of which would be a hop of its own (about a
+    millisecond each on a loaded host)."""
     token = runner_token(request)  # 401 before the body is read
     raw = await request.body()
     sessions = runtime(request).unsynced_sessions
-    if await run_in_threadpool(_store_batch, sessions, token, run_id, raw):
+    pool: AsyncPool | None = getattr(request.app.state, "ingest_pool", None)
+    if pool is None:
+        stored = await run_in_threadpool(_store_batch, sessions, token, run_id, raw)
+    else:
+        points = metrics.parse_points(raw)
+        on_loop = await metrics.store_run_points_on_loop(pool, token, run_id, points)
+        if on_loop is None:
+            on_loop = await run_in_threadpool(
+                metrics.store_run_points_generally, sessions, token, run_id, points
+            )
+        stored = on_loop
+    if stored:
         request.app.state.signals.metrics.fire()  # committed already
     return Response(status_code=204)
 

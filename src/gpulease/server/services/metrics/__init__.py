@@ -22,6 +22,8 @@ from gpulease.server.services.metrics.points import (
     series,
     store_points,
     store_run_points,
+    store_run_points_generally,
+    store_run_points_on_loop,
 )
 
 __all__ = [
@@ -42,4 +44,6 @@ __all__ = [
     "series",
     "store_points",
     "store_run_points",
+    "store_run_points_generally",
+    "store_run_points_on_loop",
 ]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, NotRequired, cast
 
+import psycopg
 from pydantic import Field, TypeAdapter, ValidationError
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
@@ -25,7 +27,13 @@ from gpulease.schemas.metrics import (
 )
 from gpulease.schemas.runner import RunnerMetrics
 from gpulease.schemas.runs import RunPublic
-from gpulease.server.db import PG_UNSYNCED_SELECT, statements, transaction
+from gpulease.server.db import (
+    PG_UNSYNCED_SELECT,
+    AsyncPool,
+    execute_async,
+    statements,
+    transaction,
+)
 from gpulease.server.orm import MetricPoint, Run
 from gpulease.server.security import hash_token
 from gpulease.server.services import runners
@@ -78,6 +86,16 @@ _PG_STORE_NEW = text(
     )
 )
 _SQLITE_RUN_OF_TOKEN = text(_RUN_OF_TOKEN)
+
+
+def _psycopg_style(statement: str) -> str:
+    """A statement's :name parameters as psycopg's own %(name)s (for execute_async)."""
+    return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", statement)
+
+
+# The same statements, for psycopg's async connections (store_run_points_on_loop).
+_PG_STORE_NEW_ASYNC = _psycopg_style(_PG_STORE_NEW.text)
+_PG_RUN_OF_TOKEN_ASYNC = _psycopg_style(_RUN_OF_TOKEN)
 UNIQUE_VIOLATION = "23505"
 _SQLITE_INSERT = (
     "INSERT INTO metric_points (run_id, key, step, value, time, source) "
@@ -225,9 +243,8 @@ def store_run_points(
     goes the general way, which says why or skips the known points. On SQLite one statement
     finds the token's run (_RUN_OF_TOKEN) in the batch's transaction; the look-ups that say
     why run only when it finds none."""
-    token_hash = hash_token(runner_token)
-    params = {"run_id": run_id, "token_hash": token_hash}
     if points and _postgres(unsynced_sessions):
+        params = {"run_id": run_id, "token_hash": hash_token(runner_token)}
         try:
             with statements(unsynced_sessions.kw["bind"]).connect() as conn:
                 stored = _rowcount(conn.execute(_PG_STORE_NEW, params | {"points": _json(points)}))
@@ -236,10 +253,45 @@ def store_run_points(
         except IntegrityError as exc:
             if getattr(exc.orig, "sqlstate", None) != UNIQUE_VIOLATION:
                 raise
+    return store_run_points_generally(unsynced_sessions, runner_token, run_id, points)
+
+
+def store_run_points_generally(
+    unsynced_sessions: sessionmaker[Session],
+    runner_token: str,
+    run_id: int,
+    points: list[WirePoint],
+) -> int:
+    """store_run_points without its PostgreSQL statement: the token's instance and the run
+    looked up (401, 404), then the points stored insert-or-ignore, in one unsynced
+    transaction. What answers a batch that the one statement did not store."""
+    params = {"run_id": run_id, "token_hash": hash_token(runner_token)}
     with transaction(unsynced_sessions) as session:
         if _postgres(session) or session.execute(_SQLITE_RUN_OF_TOKEN, params).first() is None:
             runners.run_of(session, runners.instance_for_token(session, runner_token), run_id)
         return _store(session, run_id, points)
+
+
+async def store_run_points_on_loop(
+    pool: AsyncPool, runner_token: str, run_id: int, points: list[WirePoint]
+) -> int | None:
+    """PostgreSQL, awaited on the event loop over the pool's async connection: store_run_points'
+    one statement (the token's instance, the run locked FOR KEY SHARE, the plain INSERT,
+    committed unsynced, one round trip), without a worker thread. Returns how many points
+    were stored, or None when store_run_points_generally must answer the batch: the
+    statement stored nothing (an unknown token, another instance's run: it says which) or
+    met a point the run already has (it stores the new ones). An empty batch is the token's
+    run looked up alone (0 when found). A connection that died is replaced and the statement
+    sent again (db.execute_async): a batch that committed before its connection died then
+    meets its own points and goes the general way, which stores nothing twice."""
+    params: dict[str, object] = {"run_id": run_id, "token_hash": hash_token(runner_token)}
+    if not points:
+        return 0 if await execute_async(pool, _PG_RUN_OF_TOKEN_ASYNC, params) else None
+    try:
+        stored = await execute_async(pool, _PG_STORE_NEW_ASYNC, params | {"points": _json(points)})
+    except psycopg.errors.UniqueViolation:
+        return None
+    return stored or None
 
 
 def _postgres(bind: Session | sessionmaker[Session]) -> bool:
