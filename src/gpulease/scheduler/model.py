@@ -69,6 +69,9 @@ class Running:
         return self.count * len(self.node_ids)
 
 
+_AT = operator.itemgetter(0)
+
+
 class RunningSet:
     """The running instances, with what the policy asks of them every tick kept up to date
     as they come and go: GPUs held per owner and per team, and expected ends in order."""
@@ -77,7 +80,9 @@ class RunningSet:
         self.by_id: dict[int, Running] = {}
         self.held_user: dict[str, int] = {}
         self.held_team: dict[str, int] = {}
-        self.ends: list[tuple[float, int]] = []  # (expected end, id), sorted; known ends only
+        # (expected end, node ids, instance) for the known ends, in time order (among equal
+        # ends, as added): the very entries the policy's timeline reads, made once per instance
+        self.ends: list[tuple[float, tuple[int, ...], Running]] = []
         for r in running:
             self.add(r)
 
@@ -87,7 +92,7 @@ class RunningSet:
         if r.team is not None:
             self.held_team[r.team] = self.held_team.get(r.team, 0) + r.gpus
         if r.expected_end is not None:
-            bisect.insort(self.ends, (r.expected_end, r.id))
+            bisect.insort(self.ends, (r.expected_end, r.node_ids, r), key=_AT)
 
     def remove(self, running_id: int) -> Running:
         r = self.by_id.pop(running_id)
@@ -95,8 +100,11 @@ class RunningSet:
         if r.team is not None:
             self.held_team[r.team] -= r.gpus
         if r.expected_end is not None:
-            i = bisect.bisect_left(self.ends, (r.expected_end, r.id))
-            del self.ends[i]
+            ends = self.ends
+            i = bisect.bisect_left(ends, r.expected_end, key=_AT)
+            while ends[i][2] is not r:  # among those that end at the same time
+                i += 1
+            del ends[i]
         return r
 
     def __iter__(self) -> Iterator[Running]:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 import operator
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import (
     Callable,
     Collection,
@@ -29,7 +30,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any
+from typing import Any, cast
 
 from gpulease.scheduler.model import (
     PLAN_RANK,
@@ -49,25 +50,10 @@ POLICIES = ("fifo", "backfill", "default", "las", "srtf")
 INF = math.inf
 
 
-class _Gpus:
-    """GPUs that a start in this tick (or in the forward simulation) gives back at its
-    expected end: `count` of `model` on each of `node_ids`. A Running is read the same way."""
-
-    __slots__ = ("model", "node_ids", "count", "owner", "team")
-
-    def __init__(
-        self, model: str, node_ids: tuple[int, ...], count: int, owner: str, team: str | None
-    ) -> None:
-        self.model, self.node_ids, self.count, self.owner, self.team = (
-            model,
-            node_ids,
-            count,
-            owner,
-            team,
-        )
-
-
-_End = tuple[float, int, "Running | _Gpus"]  # (when, sequence number, what gives GPUs back)
+# (when, node ids, what gives back `count` of its `model` on each of them then): a running
+# instance, or a request started in this tick or in the forward simulation
+_End = tuple[float, tuple[int, ...], "Running | Request"]
+_AT = operator.itemgetter(0)
 
 
 class _Pass:
@@ -81,23 +67,24 @@ class _Pass:
 
 
 class _Timeline:
-    """Expected ends in time order as a sorted list of (at, sequence number, holder), read
+    """Expected ends in time order as a list of (at, node ids, holder) sorted on `at`, read
     from `head` on: the forward simulation takes them from the front and adds new ones in
-    place; a reservation reads them in order without sorting anything. The sequence
-    numbers are distinct, so holders are never compared (ends at one instant are always
-    taken together, so their order among themselves changes nothing)."""
+    place; a reservation reads them in order without sorting anything. Nothing compares
+    two entries beyond their time: ends at one instant are always taken together, so their
+    order among themselves changes nothing."""
 
-    __slots__ = ("items", "head")
+    __slots__ = ("items", "head", "ats")
 
-    def __init__(self, items: list[_End]) -> None:
+    def __init__(self, items: list[_End], ats: list[float] | None = None) -> None:
         self.items = items
         self.head = 0
+        self.ats = ats  # the times alone, where ends are added (floats bisect fastest)
 
     @classmethod
     def of(cls, running: RunningSet) -> _Timeline:
-        """The running instances' expected ends as declared or learned (for decisions)."""
-        by_id = running.by_id
-        return cls([(at, k, by_id[rid]) for k, (at, rid) in enumerate(running.ends)])
+        """The running instances' expected ends as declared or learned (for decisions): the
+        running set's own list, read and never changed (`ahead` copies it)."""
+        return cls(cast(list[_End], running.ends))  # never added to (only `ahead`'s are)
 
     def ahead(self, starts: Iterable[tuple[Request, tuple[int, ...]]], now: float) -> _Timeline:
         """The timeline of the forward simulation: these ends, those of the requests that
@@ -105,21 +92,24 @@ class _Timeline:
         declared or learned duration said) expected to run about as long again as it has
         so far (the median rest of a heavy-tailed duration), not to end this instant."""
         items = list(self.items)
-        seq = len(items)
-        for k in range(bisect.bisect_left(items, (now,))):  # the ends before now
-            _, _, r = items[k]
+        for k in range(bisect.bisect_left(items, now, key=_AT)):  # the ends before now
+            _, node_ids, r = items[k]
             if isinstance(r, Running) and not r.stopping and r.start < now:
-                items[k] = (now + (now - r.start), k, r)
+                items[k] = (now + (now - r.start), node_ids, r)
         for req, node_ids in starts:
             if req.duration is not None and req.count:
-                gpus = _Gpus(req.model, node_ids, req.count, req.owner, req.team)
-                items.append((now + req.duration, seq, gpus))
-                seq += 1
-        items.sort()
-        return _Timeline(items)
+                items.append((now + req.duration, node_ids, req))
+        items.sort(key=_AT)
+        return _Timeline(items, list(map(_AT, items)))
 
-    def push(self, at: float, seq: int, gpus: _Gpus) -> None:
-        bisect.insort(self.items, (at, seq, gpus), lo=self.head)
+    def push(self, at: float, node_ids: tuple[int, ...], req: Request) -> None:
+        """Add the end of a request started in the forward simulation (a timeline made by
+        `ahead`), after those at the same time."""
+        ats = self.ats
+        assert ats is not None
+        k = bisect.bisect_right(ats, at, self.head)
+        ats.insert(k, at)
+        self.items.insert(k, (at, node_ids, req))
 
 
 class _Reservation:
@@ -335,7 +325,7 @@ def _reserve(free: FreeMap, timeline: _Timeline, req: Request, now: float) -> _R
     changed = True  # whether `ok` may have grown since the last look
     items = timeline.items
     for i in range(timeline.head, len(items)):
-        at, _, e = items[i]
+        at, node_ids, e = items[i]
         if at != pending:
             if changed and pending is not None:
                 if len(ok) >= req.nodes:
@@ -344,7 +334,7 @@ def _reserve(free: FreeMap, timeline: _Timeline, req: Request, now: float) -> _R
             pending = at
         if e.model == model:
             back = e.count
-            for n in e.node_ids:
+            for n in node_ids:
                 got = spare.get(n)
                 got = spare[n] = (base.get(n, 0) if got is None else got) + back
                 if got >= count and n not in ok and (allowed is None or n in allowed):
@@ -607,21 +597,20 @@ def _forward(
     pass at each end."""
     free = free.copy()
     held_user, held_team = defaultdict(int, held_user), defaultdict(int, held_team)
-    seq = len(timeline.items)
     todo = None if wanted is None else {r.id for r in wanted}
     etas: dict[int, float] = {}
     rest = _Rest(waiting)
     budget = config.eta_events
     # With every request wanted, some is still to start exactly while one is left.
     items = timeline.items  # read from timeline.head on (pushes insert in place)
-    while (todo is None or todo) and timeline.head < len(items) and rest.left and budget > 0:
+    while (todo is None or todo) and timeline.head < len(items) and budget > 0 and rest.any_left():
         head = timeline.head
         at = items[head][0]
         while head < len(items) and items[head][0] <= at:  # every end at this instant
-            e = items[head][2]
+            _, node_ids, e = items[head]
             head += 1
-            gpus = e.count * len(e.node_ids)
-            free.give(e.model, e.node_ids, e.count)
+            gpus = e.count * len(node_ids)
+            free.give(e.model, node_ids, e.count)
             held_user[e.owner] -= gpus
             if e.team is not None:
                 held_team[e.team] -= gpus
@@ -648,69 +637,105 @@ def _forward(
             if todo is not None:
                 todo.discard(req.id)
             if req.duration is not None and req.count:
-                seq += 1
-                gpus_back = _Gpus(req.model, nodes, req.count, req.owner, req.team)
-                timeline.push(when + req.duration, seq, gpus_back)
+                timeline.push(when + req.duration, nodes, req)
     return etas
 
 
 class _Rest:
     """The waiting requests the forward simulation has not started yet, by GPU model and
-    count per node, each class as its places in `waiting` (the policy's order), the last
-    first (a pass starts those at the front, so they are taken off the end).
+    count per node, each class as its places in `waiting` (the policy's order), first
+    first.
 
     A pass reads them in order, but of a model's requests too big for its largest free
     block it reads only the first: the others change nothing in a pass (a pass only takes
     GPUs, so they stay too big; the first is the one that holds the model, as FIFO, or
     takes the reservation, as EASY). At scale most of the queue is such requests, waiting
     for a whole node. CPU-only requests are left out: any that can start, starts in the
-    tick's own pass."""
+    tick's own pass.
 
-    __slots__ = ("waiting", "classes", "left")
+    The classes are dealt as far as a pass reads, not beyond: the forward simulation's
+    starts run out (its budget) long before the queue does, so most of a long queue is
+    never dealt. Places from `dealt` on are not dealt yet; a pass reads the dealt ones
+    first (all before them) and then deals on as it reads."""
+
+    __slots__ = ("waiting", "classes", "dealt", "left")
 
     def __init__(self, waiting: list[Request]) -> None:
         self.waiting = waiting
-        self.classes: dict[str, defaultdict[int, list[int]]] = {}
-        model: str | None = None
-        by_count: defaultdict[int, list[int]] = defaultdict(list)
-        for place, req in enumerate(waiting):
-            count = req.count
-            if count:
-                if req.model != model:
-                    model = req.model
-                    got = self.classes.get(model)
-                    if got is None:
-                        got = self.classes[model] = defaultdict(list)
-                    by_count = got
-                by_count[count].append(place)
-        self.left = 0
-        for by_count in self.classes.values():
-            for places in by_count.values():
-                places.reverse()
-                self.left += len(places)
+        self.classes: dict[str, dict[int, deque[int]]] = {}
+        self.dealt = 0  # waiting[:dealt] are in the classes (or CPU-only)
+        self.left = 0  # dealt requests not started yet
+
+    def any_left(self) -> bool:
+        """Whether a GPU request is still to start (dealing on to the first one if need be)."""
+        if self.left:
+            return True
+        waiting = self.waiting
+        for k in range(self.dealt, len(waiting)):
+            if waiting[k].count:
+                self.dealt = k
+                return True
+        self.dealt = len(waiting)
+        return False
 
     def order(self, free: FreeMap) -> Iterator[Request]:
         """The requests a pass on `free` reads, in order."""
         lists: list[Iterable[int]] = []
+        bigs: dict[str, int] = {}  # the largest free block per model at the pass's start
+        too_big: set[str] = set()  # models whose first too-big request the pass reads
         for model, by_count in self.classes.items():
-            big = free.largest(model)
+            big = bigs[model] = free.largest(model)
             first_too_big = None
             for count, places in by_count.items():
                 if not places:
                     continue
                 if count <= big:
-                    lists.append(reversed(places))
-                elif first_too_big is None or places[-1] < first_too_big:
-                    first_too_big = places[-1]
+                    lists.append(places)
+                elif first_too_big is None or places[0] < first_too_big:
+                    first_too_big = places[0]
             if first_too_big is not None:
                 lists.append((first_too_big,))
+                too_big.add(model)
+        waiting = self.waiting
+        if self.dealt < len(waiting):
+            # every dealt place comes before those still to deal
+            dealt = lists[0] if len(lists) == 1 else heapq.merge(*lists)
+            return itertools.chain(map(waiting.__getitem__, dealt), self._deal(free, bigs, too_big))
         merged = lists[0] if len(lists) == 1 else heapq.merge(*lists)
-        return map(self.waiting.__getitem__, merged)
+        return map(waiting.__getitem__, merged)
+
+    def _deal(self, free: FreeMap, bigs: dict[str, int], too_big: set[str]) -> Iterator[Request]:
+        """Deal the requests not dealt yet, in order, yielding those the pass reads (as
+        `order` chooses them on the dealt ones)."""
+        waiting, classes = self.waiting, self.classes
+        for k in range(self.dealt, len(waiting)):
+            req = waiting[k]
+            count = req.count
+            self.dealt = k + 1
+            if not count:
+                continue
+            model = req.model
+            by_count = classes.get(model)
+            if by_count is None:
+                by_count = classes[model] = {}
+            places = by_count.get(count)
+            if places is None:
+                places = by_count[count] = deque()
+            places.append(k)
+            self.left += 1
+            big = bigs.get(model)
+            if big is None:
+                big = bigs[model] = free.largest(model)
+            if count <= big:
+                yield req
+            elif model not in too_big:
+                too_big.add(model)
+                yield req
 
     def started(self, req: Request) -> None:
         places, waiting = self.classes[req.model][req.count], self.waiting
-        for k in range(len(places) - 1, -1, -1):  # among those the pass read, at the end
-            if waiting[places[k]] is req:
+        for k, place in enumerate(places):  # among those the pass read, at the front
+            if waiting[place] is req:
                 del places[k]
                 self.left -= 1
                 return
