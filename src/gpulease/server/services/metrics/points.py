@@ -67,24 +67,29 @@ _PG_INSERT = (
     "SELECT run.id, p.key, p.step, p.value, "
     "to_timestamp(trunc(p.time)) "
     "+ round((p.time - trunc(p.time)) * 1e6) * interval '1 microsecond', "
-    "coalesce(p.source, 'sdk') FROM {tables}run, json_to_recordset(CAST(:points AS json)) AS "
+    "coalesce(p.source, 'sdk') FROM {tables}run, {points}"
+)
+_JSON_POINTS = (
+    "json_to_recordset(CAST(:points AS json)) AS "
     "p(key varchar, step bigint, value double precision, time double precision, source varchar)"
 )
 _PG_SKIP_KNOWN = " ON CONFLICT (run_id, key, step, source) DO NOTHING"
 # Points of a run, insert-or-ignore (of a batch's repeats the first is kept).
 _PG_STORE = text(
-    _PG_INSERT.format(ctes="", run="SELECT runs.id FROM runs WHERE runs.id = :run_id", tables="")
+    _PG_INSERT.format(
+        ctes="",
+        run="SELECT runs.id FROM runs WHERE runs.id = :run_id",
+        tables="",
+        points=_JSON_POINTS,
+    )
     + _PG_SKIP_KNOWN
 )
 # A runner's batch of new points, as a transaction of its own (db.statements: the one round
 # trip of the statement, which makes its own commit unsynced): a plain INSERT, which costs
 # PostgreSQL less per point than ON CONFLICT's speculative insertion, and fails on a point
 # the run already has (a resent batch), which then goes through _PG_STORE.
-_PG_STORE_NEW = text(
-    _PG_INSERT.format(
-        ctes=f"unsynced AS ({PG_UNSYNCED_SELECT}), ", run=_RUN_OF_TOKEN, tables="unsynced, "
-    )
-)
+_NEW_POINTS = {"ctes": f"unsynced AS ({PG_UNSYNCED_SELECT}), ", "tables": "unsynced, "}
+_PG_STORE_NEW = text(_PG_INSERT.format(run=_RUN_OF_TOKEN, points=_JSON_POINTS, **_NEW_POINTS))
 _SQLITE_RUN_OF_TOKEN = text(_RUN_OF_TOKEN)
 
 
@@ -93,8 +98,21 @@ def _psycopg_style(statement: str) -> str:
     return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", statement)
 
 
-# The same statements, for psycopg's async connections (store_run_points_on_loop).
-_PG_STORE_NEW_ASYNC = _psycopg_style(_PG_STORE_NEW.text)
+# The points as five arrays in PostgreSQL's binary format (psycopg's %(name)b: each float
+# as its 8 bytes, no text to parse), in the batch's order; PostgreSQL's CPU for 1,000 new
+# points 4.8-5.2 ms from json_to_recordset, 3.7-4.5 ms from these (an unlogged-commit
+# scratch table of the same indexes, 100 batches each in turns), and the server's Python
+# 0.1 ms for the lists against 0.4 ms for pydantic's JSON.
+_ARRAY_POINTS = (
+    "unnest(CAST(%(keys)b AS varchar[]), CAST(%(steps)b AS bigint[]), "
+    "CAST(%(values)b AS double precision[]), CAST(%(times)b AS double precision[]), "
+    "CAST(%(sources)b AS varchar[])) AS p(key, step, value, time, source)"
+)
+# _PG_STORE_NEW over those arrays, for psycopg's async connections (store_run_points_on_loop),
+# and the token's run alone (an empty batch).
+_PG_STORE_NEW_ASYNC = _psycopg_style(
+    _PG_INSERT.format(run=_RUN_OF_TOKEN, points=_ARRAY_POINTS, **_NEW_POINTS)
+)
 _PG_RUN_OF_TOKEN_ASYNC = _psycopg_style(_RUN_OF_TOKEN)
 UNIQUE_VIOLATION = "23505"
 _SQLITE_INSERT = (
@@ -287,8 +305,13 @@ async def store_run_points_on_loop(
     params: dict[str, object] = {"run_id": run_id, "token_hash": hash_token(runner_token)}
     if not points:
         return 0 if await execute_async(pool, _PG_RUN_OF_TOKEN_ASYNC, params) else None
+    params["keys"] = [p["key"] for p in points]
+    params["steps"] = [p["step"] for p in points]
+    params["values"] = [p["value"] for p in points]
+    params["times"] = [p["time"] for p in points]
+    params["sources"] = [p.get("source", "sdk") for p in points]
     try:
-        stored = await execute_async(pool, _PG_STORE_NEW_ASYNC, params | {"points": _json(points)})
+        stored = await execute_async(pool, _PG_STORE_NEW_ASYNC, params)
     except psycopg.errors.UniqueViolation:
         return None
     return stored or None
