@@ -4,7 +4,8 @@ fullest node that still fits, so a block of 4 stays whole for a 4-GPU request)."
 from __future__ import annotations
 
 import bisect
-from collections.abc import Container, Iterable, Iterator, Mapping
+import itertools
+from collections.abc import Container, Iterable, Mapping
 
 
 class FreeMap:
@@ -69,11 +70,10 @@ class FreeMap:
         self._largest[model] = largest
         return largest
 
-    def at_least(self, model: str, count: int) -> Iterator[int]:
-        """The nodes with at least `count` free GPUs of `model`."""
+    def nodes_with(self, model: str, count: int) -> set[int]:
+        """The nodes with at least `count` free GPUs of `model`, as a new set."""
         buckets = self._buckets.get(model, [])
-        for k in range(max(count, 1), len(buckets)):
-            yield from buckets[k]
+        return set(itertools.chain.from_iterable(buckets[max(count, 1) :]))
 
     def fit(
         self,

@@ -320,7 +320,9 @@ def _reserve(free: FreeMap, timeline: _Timeline, req: Request, now: float) -> _R
     model, count, allowed = req.model, req.count, req.allowed
     base = free.nodes(model)
     spare: dict[int, int] = {}  # free now plus given back so far, where something comes back
-    ok = {n for n in free.at_least(model, count) if allowed is None or n in allowed}
+    ok = free.nodes_with(model, count)
+    if allowed is not None:
+        ok &= allowed
     pending: float | None = None
     changed = True  # whether `ok` may have grown since the last look
     items = timeline.items
@@ -351,7 +353,7 @@ def _reservation(
     reservation = _Reservation(at, spare, base)
     left = reservation.left
     if req.nodes == 1:
-        n = min(ok, key=lambda n: (left(n), n))
+        n = next(iter(ok)) if len(ok) == 1 else min(ok, key=lambda n: (left(n), n))
         spare[n] = left(n) - req.count
     else:
         for n in heapq.nsmallest(req.nodes, ok, key=lambda n: (left(n), n)):
@@ -386,7 +388,7 @@ def _greedy(
     # (model, count, nodes) that found no node within the reservation's spare GPUs since
     # the last start: the next request of that shape finds none either (a start clears it)
     hopeless: dict[tuple[str, int, int], str] = {}  # -> the reason, worded once
-    models = set(free.models())
+    models = free.models()  # a pass only takes GPUs of models the map has: they stay
     total, largest, fit = free.total, free.largest, free.fit
     quotas = _has_quotas(config)
     gpus_left = True  # (when not explaining) whether a GPU request may still start
