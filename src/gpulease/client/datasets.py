@@ -69,6 +69,7 @@ PACK_BYTES = 16 * 1024 * 1024
 PACK_CHUNKS = 4000
 UPLOAD_THREADS = 2
 HASH_THREADS = min(8, max(2, os.cpu_count() or 2))
+HASH_BATCH = 64  # files a hashing thread takes at once
 # Files up to this size are kept in memory between hashing and sending (one part's worth).
 _KEEP_BYTES = 64 * 1024
 
@@ -281,6 +282,25 @@ def _hash_file(local: LocalFile) -> tuple[list[ChunkRef], bytes | None]:
     return refs, kept
 
 
+def _hash_files(batch: list[LocalFile]) -> list[tuple[list[ChunkRef], bytes | None]]:
+    return list(map(_hash_file, batch))
+
+
+def _batches(files: list[LocalFile], most: int) -> Iterator[list[LocalFile]]:
+    """files in order, in batches of at most `most` files and about CHUNK_SIZE bytes (a large
+    file is a batch of its own, so that large files are still hashed side by side)."""
+    batch: list[LocalFile] = []
+    size = 0
+    for local in files:
+        batch.append(local)
+        size += local.size
+        if len(batch) >= most or size >= CHUNK_SIZE:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
 def _read_small(source: str, size: int) -> bytes:
     """The bytes of a small file, read without a buffered file object (tens of thousands
     of files a push); one byte more than size is asked for, so that growth shows."""
@@ -323,7 +343,11 @@ def _hash_part(
             if refs is not None:
                 known[at] = refs
     unknown = [local for at, local in enumerate(files) if at not in known]
-    hashed = iter(readers.map(_hash_file, unknown, chunksize=32))
+    # Files go to the hashing threads in batches: a thread pool's map() makes a future per
+    # item (its chunksize is for process pools only), and at tens of thousands of small files
+    # those futures, and the threads taking the GIL in turns for each, cost more than the
+    # hashing.
+    hashed = chain.from_iterable(readers.map(_hash_files, _batches(unknown, HASH_BATCH)))
     fresh: list[tuple[str, FileStat, list[str]]] = []
     for at, local in enumerate(files):
         if at in known:
