@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpulease.core.datasets import check_dataset_name, check_path
 from gpulease.core.errors import Conflict, InvalidInput, NotFound
-from gpulease.server.db import transaction, utcnow
+from gpulease.server.db import make_sessionmaker, read_only, transaction, utcnow
 from gpulease.server.orm import (
     Dataset,
     DatasetChunk,
@@ -38,7 +39,7 @@ from gpulease.server.services.datasets.keys import (
     dataset_scope,
     ensure_key,
     lock_owner,
-    user_key,
+    user_scope,
 )
 from gpulease.server.services.datasets.vault import Manifest, ManifestFile, Vault, chunk_aad
 from gpulease.storage.chunking import CHUNK_SIZE, unpack_checked
@@ -109,6 +110,21 @@ def check_entry(entry: FileEntry) -> None:
     for sha in entry.chunks:
         if not _SHA.fullmatch(sha):
             raise InvalidInput(f"{entry.path!r}: {sha!r} is not a lowercase hex SHA-256")
+
+
+_READERS: weakref.WeakKeyDictionary[sessionmaker[Session], sessionmaker[Session]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def readers(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
+    """The read-only sessions of the database of sessions (db.read_only): on SQLite their
+    transactions take no write lock, so a step of a push that only reads neither waits for
+    nor holds up the writes of the requests beside it."""
+    found = _READERS.get(sessions)
+    if found is None:
+        found = _READERS[sessions] = make_sessionmaker(read_only(sessions.kw["bind"]))
+    return found
 
 
 # -- finding things ----------------------------------------------------------------------------
@@ -265,7 +281,7 @@ def add_files(
         for sha, size in chunk_sizes(entry):
             if sizes.setdefault(sha, size) != size:
                 raise InvalidInput(f"chunk {sha} is listed with two different sizes")
-    with transaction(sessions) as session:
+    with transaction(readers(sessions)) as session:  # reads only: no write lock
         upload = open_upload(session, owner_id, upload_id)
         dataset = session.get(Dataset, upload.dataset_id)
         assert dataset is not None
@@ -337,10 +353,13 @@ def store_chunks(
         records[sha] = data
         count += 1
         size += len(data)
-    todo: list[tuple[int, bytes, bytes, str]] = []
-    with transaction(sessions) as session:
+    # A read-only transaction: it takes no write lock (SQLite), so the pushes and file
+    # lists sent beside this pack do not queue behind it; the keys are unwrapped after it.
+    wrapped_keys: list[tuple[int, bytes, bytes, str]] = []
+    with transaction(readers(sessions)) as session:
         open_upload(session, owner_id, upload_id)
-        wrapper = KeyWrapper(user_key(session, vault.ring, owner_id))
+        scope = user_scope(owner_id)  # made by the file list that announced the chunks
+        user_row = session.scalar(select(StorageKey).where(StorageKey.scope == scope))
         rows = {
             row[0]: row[1:]
             for row in chunk_rows(
@@ -349,7 +368,7 @@ def store_chunks(
         }
         for sha, data in records.items():
             found = rows.get(sha)
-            if found is None:
+            if found is None or user_row is None:
                 raise Conflict(
                     f"chunk {sha} was not announced by a file list of this push; send the "
                     "file list first"
@@ -358,8 +377,15 @@ def store_chunks(
             if known_size != len(data):
                 raise InvalidInput(f"chunk {sha} has {len(data)} bytes, not {known_size}")
             if not stored:
-                key = wrapper.unwrap(bytes(wrapped), chunk_key_scope(owner_id, sha))
-                todo.append((chunk_id, key, data, sha))
+                wrapped_keys.append((chunk_id, bytes(wrapped), data, sha))
+    todo: list[tuple[int, bytes, bytes, str]] = []
+    if wrapped_keys:
+        assert user_row is not None
+        wrapper = KeyWrapper(vault.ring.unwrap(user_row))
+        todo = [
+            (chunk_id, wrapper.unwrap(wrapped, chunk_key_scope(owner_id, sha)), data, sha)
+            for chunk_id, wrapped, data, sha in wrapped_keys
+        ]
     placements: list[tuple[str, int, int, int]] = []
     orphan = None
     if todo:
