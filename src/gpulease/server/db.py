@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import struct
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,7 +15,8 @@ import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, pq
+from psycopg.adapt import AdaptersMap, Dumper, PyFormat
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
@@ -228,15 +230,55 @@ AsyncPool = AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]
 ASYNC_APPLICATION_NAME = "gpulease async"
 
 
+class BinaryArray:
+    """A PostgreSQL array already in its binary wire form (see pg_array), as a parameter of
+    execute_async with a %(name)b placeholder: psycopg sends its bytes as they are, typed
+    as the array type `oid`. psycopg's own dumper of a Python list calls a dumper per
+    element: 1.8 ms for five lists of 1,000, where struct packs them in 0.5 ms."""
+
+    __slots__ = ("data", "oid")
+
+    def __init__(self, data: bytes, oid: int) -> None:
+        self.data = data
+        self.oid = oid
+
+
+class _BinaryArrayDumper(Dumper):
+    format = pq.Format.BINARY
+
+    def get_key(self, obj: Any, format: PyFormat) -> Any:
+        return (BinaryArray, obj.oid)
+
+    def upgrade(self, obj: Any, format: PyFormat) -> Dumper:
+        dumper = _BinaryArrayDumper(BinaryArray)
+        dumper.oid = obj.oid
+        return dumper
+
+    def dump(self, obj: Any) -> bytes:
+        data: bytes = obj.data
+        return data
+
+
+def pg_array(elements: bytes, count: int, element_oid: int, array_oid: int) -> BinaryArray:
+    """A one-dimensional array without NULLs of `count` elements, each already written as
+    its 4-byte big-endian length and its binary value, in PostgreSQL's array wire form."""
+    head = struct.pack(">iiIii", 1, 0, element_oid, count, 1)  # dims, no NULLs, type, size, base
+    return BinaryArray(head + elements, array_oid)
+
+
 def async_pool(engine: Engine, *, max_size: int = 10) -> AsyncPool:
     """PostgreSQL: a pool of psycopg's async connections to the engine's database, each in
     autocommit (a statement is a transaction of its own, as statements() makes the engine's),
     for a hot path's one statement awaited on the event loop itself: no worker thread, whose
     two hops cost more than the statement's round trip on a loaded host. It connects as the
-    engine's own connections do (the dialect's arguments and adapters). Not opened: open it
+    engine's own connections do (the dialect's arguments and adapters, and BinaryArray's
+    dumper). Not opened: open it
     (await pool.open()) in the event loop that uses it, and close it there."""
     _, params = engine.dialect.create_connect_args(engine.url)
     params.setdefault("application_name", ASYNC_APPLICATION_NAME)
+    adapters = AdaptersMap(params.get("context") or psycopg.adapters)  # a copy: the engine's stay
+    adapters.register_dumper(BinaryArray, _BinaryArrayDumper)
+    params["context"] = adapters
     return AsyncConnectionPool(
         kwargs={**params, "autocommit": True},
         min_size=1,

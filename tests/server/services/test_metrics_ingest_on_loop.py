@@ -95,6 +95,31 @@ def test_batches_go_over_the_loops_pool_on_postgres_and_answer_as_before(
         assert pool.get_stats()["requests_num"] - asked == 7
 
 
+def test_extreme_numbers_and_several_keys_and_sources_are_stored_as_sent(
+    running: tuple[int, RunnerDouble], rt: Runtime
+) -> None:
+    """The binary arrays of the PostgreSQL path (and SQLite's rows) carry every number as
+    sent: the largest step, the extremes of a double, keys and sources
+    interleaved."""
+    run_id, runner = running
+    sent = [
+        ("loss", 2**63 - 1, -1.7976931348623157e308, "sdk"),
+        ("val/acc", 0, 5e-324, "stdout"),
+        ("loss", 7, -2.5e-300, "tensorboard"),
+        ("a.b-c_d/E9", 1, 1 / 3, "sdk"),
+    ]
+    points = [
+        {"key": k, "step": s, "value": v, "time": T0 + i / 3, "source": src}
+        for i, (k, s, v, src) in enumerate(sent)
+    ]
+    _send(runner, run_id, points)
+    with transaction(rt.sessions) as session:
+        rows = session.execute(
+            select(MetricPoint.key, MetricPoint.step, MetricPoint.value, MetricPoint.source)
+        ).all()
+    assert sorted(tuple(r) for r in rows) == sorted(sent)
+
+
 def test_a_pooled_connection_whose_backend_was_terminated_is_replaced(
     running: tuple[int, RunnerDouble], rt: Runtime, http: TestClient
 ) -> None:
