@@ -155,6 +155,7 @@ class Bench:
         self._alive = threading.Event()
         threading.Thread(target=self._heartbeats, daemon=True).start()
         self.step = 0
+        self.client_cpu_ns = 0  # the CPU time of the last post(), in this thread
 
     def _commanded(self) -> bool:
         r = self.runner.call("GET", f"{RUNNER_API}/commands", params={"wait": 5})
@@ -180,6 +181,7 @@ class Bench:
         ]
         self.step += count
         path = f"{RUNNER_API}/runs/{self.run_id}/metrics"
+        cpu_before = time.thread_time_ns()
         started = time.perf_counter()
         if batch_body is None:
             body = RunnerMetrics(points=points).model_dump(mode="json")
@@ -187,6 +189,7 @@ class Bench:
         else:
             r = self.runner.call("POST", path, content=batch_body(points))
         elapsed = time.perf_counter() - started
+        self.client_cpu_ns = time.thread_time_ns() - cpu_before
         assert r.status_code == 204, r.text
         return elapsed
 
@@ -230,6 +233,30 @@ class Bench:
         self._alive.set()
         self.runner.close()
         self.client.close()
+
+
+def cpu_ns(pids: list[int]) -> int:
+    """Nanoseconds on a CPU so far of those processes, all their threads (schedstat; a
+    process that is gone counts nothing)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+    return total
+
+
+def pg_backends(database_url: str) -> list[int]:
+    """The pids of the PostgreSQL backends connected to that database now (the server's)."""
+    name = database_url.rsplit("/", 1)[1]
+    admin = create_engine(PG_ADMIN_URL)
+    with admin.connect() as conn:
+        rows = conn.execute(
+            text("SELECT pid FROM pg_stat_activity WHERE datname = :n"), {"n": name}
+        ).all()
+    admin.dispose()
+    return [int(pid) for (pid,) in rows]
 
 
 def track_delays(platform: Platform, n: int) -> list[float]:
@@ -300,10 +327,22 @@ def measure(
         bench = Bench(platform)
         with console.status(f"{label}: ingest"):
             bench.post(batch)  # warm up
+            server = [platform.proc.pid] if platform.proc else []
+            database = pg_backends(platform.database_url) if postgres else []
             empty, full = [], []
+            cpu: dict[str, list[float]] = {"runner": [], "server": [], "PostgreSQL": []}
             for _ in range(n):  # interleaved, so that load on the host falls on both alike
                 empty.append(bench.post(0))
+                before = cpu_ns(server), cpu_ns(database)
                 full.append(bench.post(batch))
+                cpu["runner"].append(bench.client_cpu_ns / 1e6)
+                cpu["server"].append((cpu_ns(server) - before[0]) / 1e6)
+                if postgres:
+                    cpu["PostgreSQL"].append((cpu_ns(database) - before[1]) / 1e6)
+        # CPU a batch, where the time goes whatever the host's load (medians; the server's
+        # includes its reconcilers' ticks, PostgreSQL's every backend of the database)
+        spent = ", ".join(f"{who} {statistics.median(ms):.2f}" for who, ms in cpu.items() if ms)
+        console.print(f"{label}: CPU ms a batch of {batch}, medians: {spent}", soft_wrap=True)
         if ingest_only:
             bench.close()
             return [
