@@ -57,13 +57,16 @@ _AT = operator.itemgetter(0)
 
 
 class _Pass:
-    """One greedy pass over the queue at one instant: what starts, and why the rest waits."""
+    """One greedy pass over the queue at one instant: what starts, and why the rest waits;
+    and whether every request it read was for one GPU model (the tick's own pass reads them
+    all, so its answers can count places without telling models apart)."""
 
-    __slots__ = ("starts", "why")
+    __slots__ = ("starts", "why", "one_model")
 
     def __init__(self) -> None:
         self.starts: list[tuple[Request, tuple[int, ...]]] = []
         self.why: dict[int, str] = {}
+        self.one_model = True
 
 
 class _Timeline:
@@ -150,8 +153,11 @@ class _Within:
         self.reservation, self.count, self.allowed = reservation, count, allowed
 
     def __contains__(self, node_id: object) -> bool:
+        # FreeMap.fit asks only of nodes with `count` free: where the reservation has not
+        # recorded a node, the node is as it is now and has them spare
         assert isinstance(node_id, int)
-        return self.reservation.left(node_id) >= self.count and (
+        spare = self.reservation.spare.get(node_id)
+        return (spare is None or spare >= self.count) and (
             self.allowed is None or node_id in self.allowed
         )
 
@@ -198,7 +204,12 @@ def schedule(
         None if explain is None else wanted,
     )
     decisions.waiting = _explain(
-        waiting, None if explain is None else {r.id for r in wanted}, result.why, etas, free
+        waiting,
+        None if explain is None else {r.id for r in wanted},
+        result.why,
+        etas,
+        free,
+        result.one_model,
     )
     return decisions
 
@@ -209,15 +220,17 @@ def _explain(
     why: dict[int, str],
     etas: dict[int, float],
     free: FreeMap,
+    one_model: bool,
 ) -> WaitingSet:
     """Why each waiting request (of `wanted`; None: all) waits, with its place in its
     model's queue and its ETA. This is for every waiting request, so it does the least per
     request: no object of its own (the WaitingSet puts an answer together when one is
-    read), and when all wait for one model and all are wanted, their places are simply 1,
-    2, 3..."""
+    read), and when the tick's pass read requests of one model only (`one_model`: it reads
+    every request when all are wanted) and all are wanted, their places are simply 1, 2,
+    3..."""
     shown: Sequence[Request] = waiting
     places: Sequence[int]
-    if wanted is None and len(set(map(_BY_MODEL, waiting))) <= 1:
+    if wanted is None and one_model:
         places = range(1, len(waiting) + 1)
     else:
         shown, places = [], []
@@ -377,7 +390,7 @@ def _greedy(
     default: the first blocked request per model gets a reservation (EASY) that later
     starts must not delay. las, srtf: anything that fits starts (preemption is separate)."""
     policy = config.policy
-    easy = policy in ("backfill", "default")
+    fifo, easy = policy == "fifo", policy in ("backfill", "default")
     out = _Pass()
     if budget is not None and budget <= 0:
         return out
@@ -393,8 +406,15 @@ def _greedy(
     quotas = _has_quotas(config)
     gpus_left = True  # (when not explaining) whether a GPU request may still start
     biggest: dict[str, int] = {}  # the largest free block per model, since the last take
+    first_model: str | None = None
+    one_model = True
     for req in order:
         model, count = req.model, req.count
+        if model != first_model and one_model:
+            if first_model is None:
+                first_model = model
+            else:
+                one_model = False
         if not count:  # CPU only: any allowed node, its home first
             allowed = [n for n in node_ids if req.allowed is None or n in req.allowed]
             if allowed:
@@ -416,7 +436,7 @@ def _greedy(
         if big is None:
             big = biggest[model] = largest(model)
         if big < count and (big or explain_all):  # some GPUs free, but no block that big
-            if policy == "fifo":
+            if fifo:
                 blocked.add(model)
             elif easy and model not in heads:
                 heads[model] = req
@@ -438,7 +458,7 @@ def _greedy(
                     continue
             nodes = fit(model, count, req.nodes, req.allowed, req.home)
         if nodes is None:
-            if policy == "fifo":
+            if fifo:
                 blocked.add(model)
             elif easy and model not in heads:
                 heads[model] = req
@@ -482,6 +502,7 @@ def _greedy(
         starts.append((req, nodes))
         if budget is not None and len(starts) >= budget:
             break
+    out.one_model = one_model
     return out
 
 
