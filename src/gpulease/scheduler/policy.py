@@ -61,10 +61,11 @@ class _Pass:
     and whether every request it read was for one GPU model (the tick's own pass reads them
     all, so its answers can count places without telling models apart)."""
 
-    __slots__ = ("starts", "why", "one_model")
+    __slots__ = ("starts", "places", "why", "one_model")
 
     def __init__(self) -> None:
         self.starts: list[tuple[Request, tuple[int, ...]]] = []
+        self.places: list[int] = []  # where each start stands in the order the pass read
         self.why: dict[int, str] = {}
         self.one_model = True
 
@@ -188,7 +189,7 @@ def schedule(
     ):
         _preempt(state.running, free, order, started, now, config, result, decisions)
     decisions.starts = [Start(req.id, nodes) for req, nodes in result.starts]
-    waiting = [req for req in order if req.id not in started]
+    waiting = _without(order, result.places)
     wanted = waiting if explain is None else [r for r in waiting if r.id in explain]
     if not wanted:
         return decisions
@@ -212,6 +213,17 @@ def schedule(
         result.one_model,
     )
     return decisions
+
+
+def _without(order: list[Request], places: list[int]) -> list[Request]:
+    """`order` without the requests at `places` (distinct), copied a stretch at a time."""
+    out: list[Request] = []
+    last = 0
+    for place in sorted(places):
+        out += order[last:place]
+        last = place + 1
+    out += order[last:]
+    return out
 
 
 def _explain(
@@ -408,7 +420,8 @@ def _greedy(
     biggest: dict[str, int] = {}  # the largest free block per model, since the last take
     first_model: str | None = None
     one_model = True
-    for req in order:
+    places = out.places
+    for place, req in enumerate(order):
         model, count = req.model, req.count
         if model != first_model and one_model:
             if first_model is None:
@@ -419,6 +432,7 @@ def _greedy(
             allowed = [n for n in node_ids if req.allowed is None or n in req.allowed]
             if allowed:
                 starts.append((req, (req.home if req.home in allowed else min(allowed),)))
+                places.append(place)
                 if budget is not None and len(starts) >= budget:
                     break
             elif explain_all:
@@ -500,6 +514,7 @@ def _greedy(
         if req.team is not None:
             held_team[req.team] += gpus
         starts.append((req, nodes))
+        places.append(place)
         if budget is not None and len(starts) >= budget:
             break
     out.one_model = one_model
@@ -556,7 +571,7 @@ def _preempt(
         return
     gone: set[int] = set()
     tries: dict[str, int] = defaultdict(int)
-    for req in order:
+    for place, req in enumerate(order):
         if req.id in started or req.count == 0 or tries[req.model] >= attempts:
             continue
         if policy == "default" and req.plan == SPOT:
@@ -589,6 +604,7 @@ def _preempt(
         decisions.reclaiming[req.id] = [r.id for r in victims]
         free.take(req.model, nodes, req.count)
         result.starts.append((req, nodes))
+        result.places.append(place)
         started.add(req.id)
         result.why.pop(req.id, None)
 
