@@ -95,6 +95,24 @@ def test_batches_go_over_the_loops_pool_on_postgres_and_answer_as_before(
         assert pool.get_stats()["requests_num"] - asked == 7
 
 
+def test_a_batch_that_stored_points_wakes_the_streams_and_one_that_did_not_does_not(
+    running: tuple[int, RunnerDouble], http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metrics signal (which wakes SSE listeners) fires once for each batch that stored
+    a point, whichever way it was stored, and not for an empty or wholly resent batch."""
+    run_id, runner = running
+    fired: list[int] = []
+    signal = http.app.state.signals.metrics  # type: ignore[attr-defined]
+    monkeypatch.setattr(signal, "fire", lambda: fired.append(1))
+    _send(runner, run_id, _points(range(3)))  # new points: the one statement
+    assert len(fired) == 1
+    _send(runner, run_id, [])
+    _send(runner, run_id, _points(range(3)))  # all known: the general way stores none
+    assert len(fired) == 1
+    _send(runner, run_id, _points(range(2, 5)))  # some known: the general way stores two
+    assert len(fired) == 2
+
+
 def test_extreme_numbers_and_several_keys_and_sources_are_stored_as_sent(
     running: tuple[int, RunnerDouble], rt: Runtime
 ) -> None:
