@@ -285,6 +285,7 @@ def async_pool(engine: Engine, *, max_size: int = 10) -> AsyncPool:
         max_size=max_size,
         open=False,
         name="gpulease-async",
+        timeout=10.0,  # a connection waited for longer answers 500 before a runner gives up
     )
 
 
