@@ -7,14 +7,18 @@ from pathlib import Path
 
 import pytest
 
+from gpulease.core.errors import InvalidInput
 from gpulease.storage.chunking import (
     CHUNK_SIZE,
     PackError,
+    check_records,
     chunk_digests,
     file_chunks,
     pack,
     read_chunk,
     unpack,
+    unpack_checked,
+    unpack_views,
 )
 
 
@@ -43,3 +47,22 @@ def test_packs_round_trip_and_refuse_garbage() -> None:
         list(unpack(body, max_records=2))
     with pytest.raises(PackError, match="larger than a chunk"):
         list(unpack(b"\x00" * 32 + (CHUNK_SIZE * 2).to_bytes(4, "big")))
+
+
+def test_pack_views_without_copies_and_their_hash_check() -> None:
+    records = [(hashlib.sha256(d).hexdigest(), d) for d in (b"one", b"", b"x" * 5000)]
+    body = pack(records)
+    views = list(unpack_views(body, max_records=3))
+    assert [(digest.hex(), bytes(data)) for digest, data in views] == records
+    assert all(isinstance(data, memoryview) and data.obj is body for _, data in views)
+    check_records(views, "why")  # every record matches its hash
+    assert list(unpack_checked(body, max_records=3, why="why")) == records
+    with pytest.raises(PackError, match="more than 2 chunks"):
+        list(unpack_views(body, max_records=2))
+    bad = pack([(records[2][0], b"y" * 5000)])
+    with pytest.raises(
+        InvalidInput, match=f"chunk {records[2][0]} arrived with bytes that hash to"
+    ):
+        check_records(list(unpack_views(bad)), "why")
+    with pytest.raises(InvalidInput, match="hash to .*: why"):
+        list(unpack_checked(bad, max_records=None, why="why"))

@@ -12,7 +12,7 @@ import contextlib
 import gc
 import hashlib
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -70,6 +70,15 @@ def pack(records: Iterable[tuple[str, bytes]]) -> bytes:
 
 def unpack(body: bytes, *, max_records: int | None = None) -> Iterator[tuple[str, bytes]]:
     """The (sha256 hex, data) records of a pack body; PackError when it is malformed."""
+    for digest, data in unpack_views(body, max_records=max_records):
+        yield digest.hex(), bytes(data)
+
+
+def unpack_views(
+    body: bytes, *, max_records: int | None = None
+) -> Iterator[tuple[bytes, memoryview]]:
+    """unpack() without a copy: each record's raw 32-byte SHA-256 and a view of its data in
+    body (hashlib and AES-GCM take views: a 16 MB pack is not copied chunk by chunk)."""
     view = memoryview(body)
     at = 0
     count = 0
@@ -85,20 +94,29 @@ def unpack(body: bytes, *, max_records: int | None = None) -> Iterator[tuple[str
         count += 1
         if max_records is not None and count > max_records:
             raise PackError(f"chunk pack holds more than {max_records} chunks")
-        yield digest.hex(), bytes(view[at : at + length])
+        yield digest, view[at : at + length]
         at += length
+
+
+def check_records(records: Sequence[tuple[bytes, memoryview | bytes]], why: str) -> None:
+    """Each (raw SHA-256, data) record's data checked against its hash; the first mismatch
+    is InvalidInput "chunk SHA arrived with bytes that hash to ACTUAL: WHY"."""
+    sha256 = hashlib.sha256
+    for digest, data in records:
+        actual = sha256(data).digest()
+        if actual != digest:
+            raise InvalidInput(
+                f"chunk {digest.hex()} arrived with bytes that hash to {actual.hex()}: {why}"
+            )
 
 
 def unpack_checked(
     body: bytes, *, max_records: int | None, why: str
 ) -> Iterator[tuple[str, bytes]]:
-    """unpack(), each record's data checked against its SHA-256; a mismatch is InvalidInput
-    "chunk SHA arrived with bytes that hash to ACTUAL: WHY"."""
-    for sha, data in unpack(body, max_records=max_records):
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != sha:
-            raise InvalidInput(f"chunk {sha} arrived with bytes that hash to {actual}: {why}")
-        yield sha, data
+    """unpack(), each record's data checked against its SHA-256 (check_records)."""
+    for digest, data in unpack_views(body, max_records=max_records):
+        check_records(((digest, data),), why)
+        yield digest.hex(), bytes(data)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import hashlib
 import os
 import secrets
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,21 @@ def seal_pieces(key: bytes, plaintext: bytes, aad: bytes) -> tuple[bytes, bytes]
     return FORMAT + nonce, AESGCM(key).encrypt(nonce, plaintext, aad)
 
 
+def seal_many(sealings: Sequence[tuple[bytes, bytes | memoryview, bytes]]) -> list[bytes]:
+    """seal() of each (key, plaintext, aad), as two pieces each (format and nonce,
+    ciphertext and tag), to be joined by the caller: the thousands of chunks of a pack, their
+    nonces drawn from the operating system's random source in one call instead of one each.
+    The seals are those seal() makes, byte for byte in format."""
+    nonces = os.urandom(NONCE_BYTES * len(sealings))
+    pieces: list[bytes] = []
+    append = pieces.append
+    for at, (key, plaintext, aad) in enumerate(sealings):
+        nonce = nonces[at * NONCE_BYTES : (at + 1) * NONCE_BYTES]
+        append(FORMAT + nonce)
+        append(AESGCM(key).encrypt(nonce, plaintext, aad))
+    return pieces
+
+
 def open_sealed(key: bytes, sealed: bytes, aad: bytes, what: str) -> bytes:
     """The plaintext of a seal() result; IntegrityError naming `what` when it does not open."""
     return _open_with(AESGCM(key), sealed, aad, what)
@@ -84,6 +100,20 @@ class KeyWrapper:
     def wrap(self, key: bytes, scope: str) -> bytes:
         nonce = os.urandom(NONCE_BYTES)
         return FORMAT + nonce + self._aead.encrypt(nonce, key, _key_aad(scope))
+
+    def wrap_new_keys(self, scopes: Sequence[str]) -> list[bytes]:
+        """A fresh random key for each scope, wrapped (as wrap() does): the thousands of
+        chunk keys of a file list, their keys and nonces drawn from the operating system's
+        random source in one call instead of two each."""
+        drawn = os.urandom((KEY_BYTES + NONCE_BYTES) * len(scopes))
+        wrapped = []
+        at = 0
+        for scope in scopes:
+            key = drawn[at : at + KEY_BYTES]
+            nonce = drawn[at + KEY_BYTES : at + KEY_BYTES + NONCE_BYTES]
+            at += KEY_BYTES + NONCE_BYTES
+            wrapped.append(FORMAT + nonce + self._aead.encrypt(nonce, key, _key_aad(scope)))
+        return wrapped
 
     def unwrap(self, wrapped: bytes, scope: str) -> bytes:
         key = _open_with(self._aead, wrapped, _key_aad(scope), f"the {scope} key")

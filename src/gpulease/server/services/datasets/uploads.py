@@ -42,8 +42,8 @@ from gpulease.server.services.datasets.keys import (
     user_scope,
 )
 from gpulease.server.services.datasets.vault import Manifest, ManifestFile, Vault, chunk_aad
-from gpulease.storage.chunking import CHUNK_SIZE, unpack_checked
-from gpulease.storage.crypto import KeyWrapper, new_key, seal_pieces
+from gpulease.storage.chunking import CHUNK_SIZE, check_records, unpack_views
+from gpulease.storage.crypto import KeyWrapper, seal_many
 
 OPEN = "open"
 COMMITTED = "committed"
@@ -313,23 +313,14 @@ def _reserve(
     new = [sha for sha in sizes if sha not in known]
     if new:
         now = utcnow()
-        wrapper = KeyWrapper(ukey)
+        wrapped = KeyWrapper(ukey).wrap_new_keys([chunk_key_scope(owner_id, sha) for sha in new])
         execute_rows(
             session,
             _CHUNKS,
             "INSERT INTO dataset_chunks (owner_id, sha256, size, key_wrapped, stored, "
             '"offset", length, created_at) VALUES (?, ?, ?, ?, FALSE, 0, 0, ?)',
             ("owner_id", "sha256", "size", "key_wrapped", "created_at"),
-            [
-                (
-                    owner_id,
-                    sha,
-                    sizes[sha],
-                    wrapper.wrap(new_key(), chunk_key_scope(owner_id, sha)),
-                    now,
-                )
-                for sha in new
-            ],
+            [(owner_id, sha, sizes[sha], key, now) for sha, key in zip(new, wrapped, strict=True)],
         )
         new_bytes = sum(sizes[sha] for sha in new)
         quota.add_usage(session, owner_id, new_bytes)
@@ -346,16 +337,14 @@ def store_chunks(
     or object per request, not per chunk: 100,000 small files make a few hundred blobs).
     Chunks the server has already are counted and skipped. Every chunk must have been
     announced by a file list of the push."""
-    records: dict[str, bytes] = {}
-    count = size = 0
     why = "it was corrupted on the way, or its file changed during the push; push again"
-    for sha, data in unpack_checked(body, max_records=MAX_PACK_CHUNKS, why=why):
-        records[sha] = data
-        count += 1
-        size += len(data)
+    views = list(unpack_views(body, max_records=MAX_PACK_CHUNKS))
+    count, size = len(views), sum(len(data) for _, data in views)
+    check_records(views, why)
+    records = {digest.hex(): data for digest, data in views}
     # A read-only transaction: it takes no write lock (SQLite), so the pushes and file
     # lists sent beside this pack do not queue behind it; the keys are unwrapped after it.
-    wrapped_keys: list[tuple[int, bytes, bytes, str]] = []
+    wrapped_keys: list[tuple[int, bytes, memoryview, str]] = []
     with transaction(readers(sessions)) as session:
         open_upload(session, owner_id, upload_id)
         scope = user_scope(owner_id)  # made by the file list that announced the chunks
@@ -378,24 +367,24 @@ def store_chunks(
                 raise InvalidInput(f"chunk {sha} has {len(data)} bytes, not {known_size}")
             if not stored:
                 wrapped_keys.append((chunk_id, bytes(wrapped), data, sha))
-    todo: list[tuple[int, bytes, bytes, str]] = []
+    placements: list[tuple[str, int, int, int]] = []
+    orphan = None
     if wrapped_keys:
         assert user_row is not None
         wrapper = KeyWrapper(vault.ring.unwrap(user_row))
-        todo = [
-            (chunk_id, wrapper.unwrap(wrapped, chunk_key_scope(owner_id, sha)), data, sha)
-            for chunk_id, wrapped, data, sha in wrapped_keys
+        sealings = [
+            (
+                wrapper.unwrap(wrapped, chunk_key_scope(owner_id, sha)),
+                data,
+                chunk_aad(owner_id, sha),
+            )
+            for _, wrapped, data, sha in wrapped_keys
         ]
-    placements: list[tuple[str, int, int, int]] = []
-    orphan = None
-    if todo:
+        pieces = seal_many(sealings)
         pack_key = f"p/{owner_id}/{secrets.token_hex(16)}"
-        pieces: list[bytes] = []
         offset = 0
-        for chunk_id, key, data, sha in todo:
-            head, body = seal_pieces(key, data, chunk_aad(owner_id, sha))
-            pieces += (head, body)
-            length = len(head) + len(body)
+        for at, (chunk_id, *_) in enumerate(wrapped_keys):
+            length = len(pieces[2 * at]) + len(pieces[2 * at + 1])
             placements.append((pack_key, offset, length, chunk_id))
             offset += length
         vault.store.put(pack_key, b"".join(pieces))
@@ -426,7 +415,7 @@ def store_chunks(
         )
     if orphan is not None:
         vault.store.delete(orphan)
-    return Received(count, size, len(todo))
+    return Received(count, size, len(placements))
 
 
 def refuse_upload(
