@@ -274,32 +274,54 @@ def _order(queue: Sequence[Request], usage: Mapping[str, float], config: Config)
     if policy == "srtf":
         return sorted(queue, key=lambda r: (_remaining(r), r.arrival, r.id))
     # default and las: a few classes, each in (arrival, id) order. Sorting on the whole key
-    # would compare the many requests of one class on all of it; instead the queue is put
-    # in (arrival, id) order (two sorts on a C key, next to free on a queue that comes in
-    # arrival order) and dealt into its classes, which are then taken in order.
-    by_arrival = sorted(queue, key=_BY_ID)
-    by_arrival.sort(key=_BY_ARRIVAL)
+    # would compare the many requests of one class on all of it; instead the queue is dealt
+    # into its classes in (arrival, id) order, which are then taken in order. The queue
+    # comes in arrival order, so it is dealt as it comes while that holds; only a queue
+    # found out of that order is first put in it (two sorts on a C key) and dealt again.
+    classes = _classes(queue, usage, config)
+    if classes is None:
+        by_arrival = sorted(queue, key=_BY_ID)
+        by_arrival.sort(key=_BY_ARRIVAL)
+        classes = _classes(by_arrival, usage, config)
+        assert classes is not None
+    if len(classes) == 1:
+        return list(next(iter(classes.values())))
+    out: list[Request] = []
+    for key in sorted(classes):
+        out += classes[key]
+    return out
+
+
+def _classes(
+    requests: Iterable[Request], usage: Mapping[str, float], config: Config
+) -> dict[Any, list[Request]] | None:
+    """`requests` dealt into the classes of `default` (plan rank, -priority, fair share) or
+    `las` (its level), each class in the order they come; None as soon as they are found
+    out of (arrival, id) order (the dealing then means nothing)."""
     classes: dict[Any, list[Request]] = {}
-    if policy == "default":
-        # a class is (plan rank, -priority, fair share): one per plan, priority and owner
-        rank, share = PLAN_RANK.get, usage.get
-        of: dict[tuple[str, int, str], list[Request]] = {}
-        for r in by_arrival:
+    last: Request | None = None
+    last_arrival = -INF
+    default = config.policy == "default"
+    # default: a class is (plan rank, -priority, fair share): one per plan, priority and
+    # owner, found once for each; las: the level of the service it attained
+    rank, share, th = PLAN_RANK.get, usage.get, config.las_thresholds
+    of: dict[tuple[str, int, str], list[Request]] = {}
+    for r in requests:
+        arrival = r.arrival
+        if not arrival > last_arrival and (
+            arrival != last_arrival or last is None or r.id < last.id
+        ):
+            return None
+        last, last_arrival = r, arrival
+        if default:
             members = of.get((r.plan, r.priority, r.owner))
             if members is None:
                 key = (rank(r.plan, 1), -r.priority, share(r.owner, 0.0))
                 members = of[r.plan, r.priority, r.owner] = classes.setdefault(key, [])
             members.append(r)
-    else:
-        th = config.las_thresholds
-        for r in by_arrival:
+        else:
             classes.setdefault(bisect.bisect(th, r.attained), []).append(r)
-    if len(classes) == 1:
-        return by_arrival
-    out: list[Request] = []
-    for key in sorted(classes):
-        out += classes[key]
-    return out
+    return classes
 
 
 _BY_ID = operator.attrgetter("id")
