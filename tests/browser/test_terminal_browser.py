@@ -82,9 +82,19 @@ def test_terminal_and_jupyterlab_in_the_browser_for_the_owner_only(
     page = ann.new_page()
     problems: list[str] = []
     page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    # Someone typing a command in the run box as the page loads keeps the keyboard when the
+    # terminal connects (it used to take the focus, and their keystrokes went to the shell).
+    page.add_init_script(
+        "document.addEventListener('DOMContentLoaded', () => {"
+        " const box = document.getElementById('run-command'); if (box) box.focus(); })"
+    )
     page.goto(f"{platform.url}/instances/{instance_id}")
     state = page.locator("#terminal [data-terminal-state]")
     expect(state).to_have_text("connected", timeout=30_000)
+    assert page.evaluate("document.activeElement && document.activeElement.id") == "run-command"
+    page.get_by_label("Command").fill("echo typed")
+    expect(page.get_by_label("Command")).to_have_value("echo typed")
+    page.get_by_label("Command").fill("")
     page.locator("[data-testid=terminal]").click()
     page.keyboard.type("echo hel''lo from $(hostname)\n")
     page.wait_for_function(

@@ -107,6 +107,7 @@ def start_run(page: Page, command: str) -> int:
     # under the click
     page.wait_for_load_state("load")
     page.get_by_label("Command").fill(command)
+    expect(page.get_by_label("Command")).to_have_value(command)
     page.get_by_role("button", name="Start run").click()
     expect(page).to_have_url(re.compile(r"/runs/\d+$"))
     match = re.search(r"/runs/(\d+)$", page.url)

@@ -37,7 +37,13 @@
     var encoder = new TextEncoder();
     var ended = false;
 
-    ws.onopen = function () { say("connected"); term.focus(); };
+    // The terminal takes the keyboard when it connects only if nobody is typing elsewhere:
+    // a user already in the page's run box would otherwise send their keystrokes to the shell.
+    ws.onopen = function () {
+      say("connected");
+      var active = document.activeElement;
+      if (!active || active === document.body) term.focus();
+    };
     ws.onmessage = function (event) {
       if (typeof event.data !== "string") {
         term.write(new Uint8Array(event.data));
