@@ -26,6 +26,11 @@ Push seconds are those the push reports (the CLI's start, about a second here, i
 them; its wall time is printed too).
 
     .venv/bin/python benchmarks/dataset_push.py [-n 20000] [--size 10240] [--runs 3]
+
+With --against OLD/src the first push of each tree is made twice, in turns (the order
+alternating run by run), by this code and by the code under OLD/src (server and CLI, each
+on a server of its own: `git archive COMMIT src | tar -x -C OLD`), beside tar of the same
+tree in the same turn; --push-only leaves out the other figures.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -98,66 +104,128 @@ def tar_read(tree: Path) -> float:
 
 
 def push(platform: Platform, tree: Path, name: str) -> tuple[float, float, dict[str, object]]:
-    """(seconds the push reported, wall seconds of the CLI, its JSON report)."""
+    """(seconds the push reported, wall seconds of the CLI, its JSON report); the report
+    gains "cpu": CPU seconds of the server and the CLI (its start included) for the push,
+    a figure that a loaded host inflates far less than the seconds."""
+    server_before = _process_cpu(platform)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     result = platform.cli("dataset", "push", str(tree), "--name", name, "-o", "json")
     wall = time.perf_counter() - started
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     report = json.loads(result.stdout)
+    report["cpu"] = (
+        _process_cpu(platform)
+        - server_before
+        + children.ru_utime
+        + children.ru_stime
+        - children_before.ru_utime
+        - children_before.ru_stime
+    )
     return float(report["seconds"]), wall, report
 
 
-def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[list[Row], Path]:
-    platform = sqlite_platform(
-        root,
-        "T4:1",
-        {"GPULEASE_UNSANDBOXED_SINGLE_USER": "true", "XDG_CACHE_HOME": str(root / "cache")},
-    )
+def _process_cpu(platform: Platform) -> float:
+    """CPU seconds (user and system) the server process has used so far."""
+    assert platform.proc is not None
+    fields = Path(f"/proc/{platform.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _push_platform(root: Path, pythonpath: str | None = None) -> Platform:
+    """A started server under root, its CLI logged in as the admin; pythonpath: the code
+    both run (None: this checkout's)."""
+    extra = {"GPULEASE_UNSANDBOXED_SINGLE_USER": "true", "XDG_CACHE_HOME": str(root / "cache")}
+    if pythonpath is not None:
+        extra["PYTHONPATH"] = pythonpath
+    platform = sqlite_platform(root, "T4:1", extra)
     platform.start()
-    firsts, walls, tars = [], [], []
+    # the admin account: the bench server runs unsandboxed (no jobs), so no sign-up
+    platform.cli("login", "--server", platform.url, "--name", "admin", "--password", ADMIN_PASSWORD)
+    return platform
+
+
+def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[list[Row], Path]:
+    root.joinpath("new").mkdir()
+    platform = _push_platform(root / "new")
+    old = None
+    firsts: list[float] = []
+    walls: list[float] = []
+    tars: list[float] = []
+    olds: list[float] = []
+    cpus: dict[str, list[float]] = {"new": [], "old": []}
     try:
-        # the admin account: the bench server runs unsandboxed (no jobs), so no sign-up
-        platform.cli(
-            "login", "--server", platform.url, "--name", "admin", "--password", ADMIN_PASSWORD
-        )
+        if args.against is not None:
+            root.joinpath("old").mkdir()
+            old = _push_platform(root / "old", str(Path(args.against).resolve()))
         tree = root / "tree"
         for run in range(args.runs):
             if tree.exists():
                 shutil.rmtree(tree)
             with console.status(f"first push {run + 1}/{args.runs}: writing the tree"):
                 generate(tree, args.n, args.size, salt=run + 1)
+                subprocess.run(["sync"], check=True)
             with console.status(f"first push {run + 1}/{args.runs}"):
                 tars.append(tar_read(tree))
-                seconds, wall, report = push(platform, tree, f"cats-{run}")
-                assert report["sent_chunks"] == args.n, report
-                firsts.append(seconds)
-                walls.append(wall)
+                turns = [(platform, firsts, walls, "new"), (old, olds, [], "old")]
+                for server, seconds_of, walls_of, which in turns[:: 1 if run % 2 == 0 else -1]:
+                    if server is None:
+                        continue
+                    seconds, wall, report = push(server, tree, f"cats-{run}")
+                    assert report["sent_chunks"] == args.n, report
+                    seconds_of.append(seconds)
+                    walls_of.append(wall)
+                    cpus[which].append(float(report["cpu"]))  # type: ignore[arg-type]
+                load = os.getloadavg()[0]
+                console.print(
+                    f"run {run + 1}: tar {tars[-1]:.3f} s, first push {firsts[-1]:.3f} s "
+                    f"({cpus['new'][-1]:.2f} CPU-s)"
+                    + (f", old code {olds[-1]:.3f} s ({cpus['old'][-1]:.2f} CPU-s)" if olds else "")
+                    + f" (load {load:.1f})"
+                )
         agains, again_walls = [], []
-        with console.status("unchanged re-push"):
-            for _ in range(max(args.runs, 5)):
-                seconds, wall, report = push(platform, tree, f"cats-{args.runs - 1}")
-                assert report["unchanged"] and report["sent_bytes"] == 0, report
-                agains.append(seconds)
-                again_walls.append(wall)
+        if not args.push_only:
+            with console.status("unchanged re-push"):
+                for _ in range(max(args.runs, 5)):
+                    seconds, wall, report = push(platform, tree, f"cats-{args.runs - 1}")
+                    assert report["unchanged"] and report["sent_bytes"] == 0, report
+                    agains.append(seconds)
+                    again_walls.append(wall)
     finally:
         platform.stop()
+        if old is not None:
+            old.stop()
     first, tar = statistics.median(firsts), statistics.median(tars)
-    again = statistics.median(agains)
     rows = [
         (
             "first push",
             first,
-            f"CLI wall {statistics.median(walls):.2f} s",
+            f"CLI wall {statistics.median(walls):.2f} s, "
+            f"{statistics.median(cpus['new']):.2f} CPU-s server+CLI",
             tar,
             "tar cf - DIR | cat",
-        ),
-        (
-            "unchanged re-push",
-            again,
-            f"CLI wall {statistics.median(again_walls):.2f} s",
-            first,
-            "the first push",
-        ),
+        )
     ]
+    if olds:
+        rows.append(
+            (
+                "first push, old code",
+                statistics.median(olds),
+                f"{statistics.median(cpus['old']):.2f} CPU-s server+CLI",
+                tar,
+                "tar cf - DIR | cat",
+            )
+        )
+    if agains:
+        rows.append(
+            (
+                "unchanged re-push",
+                statistics.median(agains),
+                f"CLI wall {statistics.median(again_walls):.2f} s",
+                first,
+                "the first push",
+            )
+        )
     return rows, tree
 
 
@@ -212,7 +280,8 @@ def bench_node(root: Path, tree: Path, args: argparse.Namespace, console: Consol
             times, _ = in_turns(home, tree, node, args.runs, lambda line: None)
     materialised, extracted = times["materialise"], times["tar xf"]
     version_dir, plain = home / "last-materialise", home / "last-tar-xf"
-    jobs, plains = [], []
+    jobs: list[float] = []
+    plains: list[float] = []
     with console.status("reads"):
         for run in range(max(args.runs, 5)):  # in turns, each first every other run
             pair = [(jobs, version_dir, "/mnt/data/cats"), (plains, plain, str(plain))]
@@ -290,13 +359,20 @@ def main() -> None:
     parser.add_argument(
         "--scan-files", type=int, default=100_000, help="files of the re-push scan figure"
     )
+    parser.add_argument(
+        "--against", metavar="OLD/src", help="also push each tree with the code under OLD/src"
+    )
+    parser.add_argument(
+        "--push-only", action="store_true", help="only the first push (and --against)"
+    )
     args = parser.parse_args()
     console = Console()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         rows, tree = bench_push(root, args, console)
-        rows += bench_node(root, tree, args, console)
-        rows += bench_scan(root, args, console)
+        if not args.push_only:
+            rows += bench_node(root, tree, args, console)
+            rows += bench_scan(root, args, console)
         report(rows, args, console)  # before the tree is removed: that takes a while
 
 
