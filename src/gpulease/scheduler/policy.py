@@ -58,8 +58,9 @@ _AT = operator.itemgetter(0)
 
 class _Pass:
     """One greedy pass over the queue at one instant: what starts, and why the rest waits;
-    and whether every request it read was for one GPU model (the tick's own pass reads them
-    all, so its answers can count places without telling models apart)."""
+    and, for a pass that explains every request (the tick's own: it reads them all),
+    whether every request it read was for one GPU model, so that its answers can count
+    places without telling models apart."""
 
     __slots__ = ("starts", "places", "why", "one_model")
 
@@ -67,7 +68,7 @@ class _Pass:
         self.starts: list[tuple[Request, tuple[int, ...]]] = []
         self.places: list[int] = []  # where each start stands in the order the pass read
         self.why: dict[int, str] = {}
-        self.one_model = True
+        self.one_model = False
 
 
 class _Timeline:
@@ -441,11 +442,11 @@ def _greedy(
     gpus_left = True  # (when not explaining) whether a GPU request may still start
     biggest: dict[str, int] = {}  # the largest free block per model, since the last take
     first_model: str | None = None
-    one_model = True
+    one_model = explain_all  # (only a pass that explains all reads all, and notes it)
     places = out.places
     for place, req in enumerate(order):
         model, count = req.model, req.count
-        if model != first_model and one_model:
+        if one_model and model != first_model:
             if first_model is None:
                 first_model = model
             else:
