@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from sqlalchemy import Engine, create_engine, text
 from gpulease.server import security
 from gpulease.server.db import make_engine, migrate
 from gpulease.server.orm import Base
+from processes import REPO
 from ray_support import ray_cluster  # noqa: F401  (one Ray cluster per session)
 
 PG_ADMIN_URL = os.environ.get("GPULEASE_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
@@ -133,6 +136,21 @@ def sqlite_migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     migrate(engine)
     engine.dispose()  # closing the last connection checkpoints the WAL into the file
     return path
+
+
+@pytest.fixture(scope="session")
+def digits_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/digits/make_dataset.py's output (scikit-learn's digits as an ImageFolder of
+    PNGs), written once per session: the script is seeded, so every run writes the same
+    tree, and writing its 1,797 images costs seconds where copying them costs a fraction of
+    one. Tests copy it into their own directory, never change it."""
+    out = tmp_path_factory.mktemp("digits") / "data"
+    subprocess.run(
+        [sys.executable, str(REPO / "examples/digits/make_dataset.py"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    return out
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -29,16 +27,15 @@ def _register(platform: Platform, name: str = "ann") -> None:
     platform.cli("register", "--server", platform.url, "--name", name, "--password", "password-123")
 
 
-def _digits_task(tmp_path: Path, epochs: int = 4, gpu: str = "T4", setup: bool = True) -> Path:
+def _digits_task(
+    tmp_path: Path, data: Path, epochs: int = 4, gpu: str = "T4", setup: bool = True
+) -> Path:
+    """The example's task in tmp_path with data (the session's digits_data) copied in."""
     task = tmp_path / "digits"
     shutil.copytree(
         REPO / "examples" / "digits", task, ignore=shutil.ignore_patterns("data", "*.pt")
     )
-    subprocess.run(
-        [sys.executable, str(task / "make_dataset.py"), "--out", str(task / "data")],
-        check=True,
-        capture_output=True,
-    )
+    shutil.copytree(data, task / "data")
     text = (task / "task.yaml").read_text().replace("EPOCHS: 5", f"EPOCHS: {epochs}")
     text = text.replace("accelerators: T4:1", f"accelerators: {gpu}:1")
     if not setup:
@@ -52,10 +49,12 @@ def _time(text: str) -> datetime:
 
 
 @ON_BOTH_BACKENDS  # and on Ray, on SQLite only: ray_support says why
-def test_train_a_cnn_through_gpulease_run(platform: Platform, backend: str, tmp_path: Path) -> None:
+def test_train_a_cnn_through_gpulease_run(
+    platform: Platform, backend: str, tmp_path: Path, digits_data: Path
+) -> None:
     gpu, hourly, epoch_count, setup = DIGITS_ON[backend]
     _register(platform)
-    task = _digits_task(tmp_path, epochs=epoch_count, gpu=gpu, setup=setup)
+    task = _digits_task(tmp_path, digits_data, epochs=epoch_count, gpu=gpu, setup=setup)
     before: Any = platform.cli_json("balance")
     started = time.monotonic()
     result = platform.cli("run", str(task / "task.yaml"))
