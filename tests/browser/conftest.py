@@ -34,16 +34,31 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
         rt.engine.dispose()
 
 
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    """Headless Chromium (the test modules skip themselves without Playwright)."""
+@pytest.fixture(scope="package")
+def chromium() -> Iterator[Browser]:
+    """Headless Chromium (the test modules skip themselves without Playwright), launched
+    once for the tests of this directory: a launch costs 1-2 s, and each test's pages live
+    in browser contexts of their own (cookies, storage and cache are per context), so what
+    one test did is not seen by the next. Closed when the last test here ends."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(
+        launched = p.chromium.launch(
             executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
         )
         try:
-            yield chromium
+            yield launched
         finally:
-            chromium.close()
+            launched.close()
+
+
+@pytest.fixture
+def browser(chromium: Browser) -> Iterator[Browser]:
+    """The shared Chromium; the contexts a test leaves open are closed after it, so that no
+    page of an earlier test keeps polling or streaming from its server."""
+    assert not chromium.contexts, "an earlier test's contexts are still open"
+    try:
+        yield chromium
+    finally:
+        for context in chromium.contexts:
+            context.close()
