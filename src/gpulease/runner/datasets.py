@@ -45,6 +45,10 @@ API = f"{RUNNER_API}/datasets"
 FETCH_CHUNKS = 1024
 FETCH_BYTES = 16 * 1024 * 1024
 FETCH_AHEAD = 4  # requests on their way (each decrypted and written on its thread) at once
+# The first request asks for this many chunks and each next one for twice as many as the
+# last, up to FETCH_CHUNKS: the first files are written while a full pack would still be
+# on its way, and the four threads have work sooner.
+FIRST_FETCH_CHUNKS = 128
 LINKS_DIR = "data"
 _PROGRESS_EVERY_S = 1.0
 _LOCK_POLL_S = 0.2
@@ -323,6 +327,7 @@ class _Listing:
         self._directories: set[str] = set()
         self._batch: list[_Piece] = []
         self._bytes = 0
+        self._limit = min(FIRST_FETCH_CHUNKS, FETCH_CHUNKS)  # chunks in the batch filling, at most
 
     def add(self, block: file_lists.Block) -> list[list[_Piece]]:
         """The block's files; returns the batches it filled, each file that spans several
@@ -357,10 +362,11 @@ class _Listing:
             for number in range(count):
                 offset = number * CHUNK_SIZE
                 length = min(CHUNK_SIZE, size - offset)
-                if batch and (len(batch) >= FETCH_CHUNKS or self._bytes + length > FETCH_BYTES):
+                if batch and (len(batch) >= self._limit or self._bytes + length > FETCH_BYTES):
                     full.append(batch)
                     batch = self._batch = []
                     self._bytes = 0
+                    self._limit = min(2 * self._limit, FETCH_CHUNKS)
                 if number == 0:
                     first = len(full)
                 sha = hexes[at * digest_chars : (at + 1) * digest_chars]

@@ -303,6 +303,32 @@ def test_a_version_fetched_in_many_requests_at_once_is_whole_and_read_only(
     assert all(stat.S_IMODE(d.stat().st_mode) == 0o555 for d in folders)
 
 
+def test_the_first_requests_ask_for_fewer_chunks_doubling_up_to_the_most(
+    http: TestClient,
+    small_fetches: RunnerSpec,
+    pushed: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gpulease.runner.datasets.FIRST_FETCH_CHUNKS", 2)
+    batches: list[int] = []
+    real_add = _Listing.add
+
+    def add(
+        listing: _Listing, block: file_lists.Block
+    ) -> list[list[tuple[int, int, str, bytes, int]]]:
+        full = real_add(listing, block)
+        batches.extend(len(batch) for batch in full)
+        return full
+
+    monkeypatch.setattr(_Listing, "add", add)
+    found = materialise(small_fetches, runner_connection(http, small_fetches.token), lambda m: None)
+    assert tree_digests(found["imgs"]) == pushed
+    assert len(batches) > 4
+    for number, pieces in enumerate(batches):
+        most = min(2 << number, 7)
+        assert pieces in (most, most + 1), batches  # one more: an empty file's piece
+
+
 def test_a_request_failing_among_several_in_flight_leaves_nothing_half_made(
     http: TestClient, small_fetches: RunnerSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
