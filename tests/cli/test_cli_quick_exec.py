@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import uvicorn
@@ -154,8 +155,25 @@ def test_quick_run_makes_the_instance_and_run_then_follows_them_to_the_release(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    from gpulease.client import quickexec
+
     login(server, "ann", monkeypatch)
-    server.cluster.job = lambda run: ([("stdout", "out 1\n"), ("stderr", "boom\n")], 7)
+    # The job writes once the quick path follows its run, as a job that runs for a while
+    # would: a job that had already ended when the CLI first looked is `run`'s to report.
+    following = threading.Event()
+    real_open_stream = quickexec.open_stream
+
+    def open_stream(*args: Any, **kwargs: Any) -> Any:
+        stream = real_open_stream(*args, **kwargs)
+        following.set()
+        return stream
+
+    def job(run: dict[str, Any]) -> tuple[list[tuple[str, str]], int]:
+        following.wait(timeout=30)
+        return [("stdout", "out 1\n"), ("stderr", "boom\n")], 7
+
+    monkeypatch.setattr(quickexec, "open_stream", open_stream)
+    server.cluster.job = job
     server.cluster.start()
     request = entry.run_request(["run", "--gpu", "A100-80GB:1", "-e", "K=V", "--", "x", "a b"])
     assert request is not None
