@@ -111,7 +111,7 @@ async def runner_metrics(run_id: IdPath, request: Request) -> Response:
         on_loop = await metrics.store_run_points_on_loop(pool, token, run_id, points)
         if on_loop is None:
             on_loop = await run_in_threadpool(
-                metrics.store_run_points_generally, sessions, token, run_id, points
+                metrics.store_run_points, sessions, token, run_id, points
             )
         stored = on_loop
     if stored:

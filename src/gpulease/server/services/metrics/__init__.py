@@ -22,7 +22,6 @@ from gpulease.server.services.metrics.points import (
     series,
     store_points,
     store_run_points,
-    store_run_points_generally,
     store_run_points_on_loop,
 )
 
@@ -44,6 +43,5 @@ __all__ = [
     "series",
     "store_points",
     "store_run_points",
-    "store_run_points_generally",
     "store_run_points_on_loop",
 ]

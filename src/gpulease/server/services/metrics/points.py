@@ -14,7 +14,6 @@ from typing import Annotated, Any, Literal, NotRequired, cast
 import psycopg
 from pydantic import Field, TypeAdapter, ValidationError
 from sqlalchemy import func, select, text
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
@@ -34,7 +33,6 @@ from gpulease.server.db import (
     BinaryArray,
     execute_async,
     pg_array,
-    statements,
     transaction,
 )
 from gpulease.server.orm import MetricPoint, Run
@@ -87,12 +85,11 @@ _PG_STORE = text(
     )
     + _PG_SKIP_KNOWN
 )
-# A runner's batch of new points, as a transaction of its own (db.statements: the one round
-# trip of the statement, which makes its own commit unsynced): a plain INSERT, which costs
-# PostgreSQL less per point than ON CONFLICT's speculative insertion, and fails on a point
-# the run already has (a resent batch), which then goes through _PG_STORE.
+# A runner's batch of new points, as a transaction of its own (the statement makes its own
+# commit unsynced): a plain INSERT, which costs PostgreSQL less per point than ON CONFLICT's
+# speculative insertion, and fails on a point the run already has (a resent batch), which
+# then goes through _PG_STORE.
 _NEW_POINTS = {"ctes": f"unsynced AS ({PG_UNSYNCED_SELECT}), ", "tables": "unsynced, "}
-_PG_STORE_NEW = text(_PG_INSERT.format(run=_RUN_OF_TOKEN, points=_JSON_POINTS, **_NEW_POINTS))
 _SQLITE_RUN_OF_TOKEN = text(_RUN_OF_TOKEN)
 
 
@@ -111,13 +108,12 @@ _ARRAY_POINTS = (
     "CAST(%(values)b AS double precision[]), CAST(%(times)b AS double precision[]), "
     "CAST(%(sources)b AS varchar[])) AS p(key, step, value, time, source)"
 )
-# _PG_STORE_NEW over those arrays, for psycopg's async connections (store_run_points_on_loop),
-# and the token's run alone (an empty batch).
+# The new points' statement over those arrays, for psycopg's async connections
+# (store_run_points_on_loop), and the token's run alone (an empty batch).
 _PG_STORE_NEW_ASYNC = _psycopg_style(
     _PG_INSERT.format(run=_RUN_OF_TOKEN, points=_ARRAY_POINTS, **_NEW_POINTS)
 )
 _PG_RUN_OF_TOKEN_ASYNC = _psycopg_style(_RUN_OF_TOKEN)
-UNIQUE_VIOLATION = "23505"
 _SQLITE_INSERT = (
     "INSERT INTO metric_points (run_id, key, step, value, time, source) "
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, key, step, source) DO NOTHING"
@@ -256,36 +252,13 @@ def store_run_points(
     the points in one transaction whose commit does not wait for the disk
     (Runtime.unsynced_sessions; the flush cost more than the points themselves, and a crash
     of the machine may lose the last second of a curve, never money). Returns how many
-    points were new; 401 for an unknown token, 404 for a run of another instance.
+    points were new; 401 for an unknown token, 404 for a run of another instance; known
+    points are skipped.
 
-    On PostgreSQL a batch of new points is one statement in one round trip (_PG_STORE_NEW:
-    the token, the run and the insert, committed unsynced). When it stores nothing (an
-    unknown token, another instance's run) or meets a point the run already has, the batch
-    goes the general way, which says why or skips the known points. On SQLite one statement
-    finds the token's run (_RUN_OF_TOKEN) in the batch's transaction; the look-ups that say
-    why run only when it finds none."""
-    if points and _postgres(unsynced_sessions):
-        params = {"run_id": run_id, "token_hash": hash_token(runner_token)}
-        try:
-            with statements(unsynced_sessions.kw["bind"]).connect() as conn:
-                stored = _rowcount(conn.execute(_PG_STORE_NEW, params | {"points": _json(points)}))
-            if stored:
-                return stored
-        except IntegrityError as exc:
-            if getattr(exc.orig, "sqlstate", None) != UNIQUE_VIOLATION:
-                raise
-    return store_run_points_generally(unsynced_sessions, runner_token, run_id, points)
-
-
-def store_run_points_generally(
-    unsynced_sessions: sessionmaker[Session],
-    runner_token: str,
-    run_id: int,
-    points: list[WirePoint],
-) -> int:
-    """store_run_points without its PostgreSQL statement: the token's instance and the run
-    looked up (401, 404), then the points stored insert-or-ignore, in one unsynced
-    transaction. What answers a batch that the one statement did not store."""
+    On SQLite one statement finds the token's run (_RUN_OF_TOKEN) in the batch's
+    transaction; the look-ups that say why run only when it finds none. On PostgreSQL the
+    server stores a batch of new points with one statement on the event loop
+    (store_run_points_on_loop); this answers what that statement did not store."""
     params = {"run_id": run_id, "token_hash": hash_token(runner_token)}
     with transaction(unsynced_sessions) as session:
         if _postgres(session) or session.execute(_SQLITE_RUN_OF_TOKEN, params).first() is None:
@@ -299,7 +272,7 @@ async def store_run_points_on_loop(
     """PostgreSQL, awaited on the event loop over the pool's async connection: store_run_points'
     one statement (the token's instance, the run locked FOR KEY SHARE, the plain INSERT,
     committed unsynced, one round trip), without a worker thread. Returns how many points
-    were stored, or None when store_run_points_generally must answer the batch: the
+    were stored, or None when store_run_points must answer the batch: the
     statement stored nothing (an unknown token, another instance's run: it says which) or
     met a point the run already has (it stores the new ones). An empty batch is the token's
     run looked up alone (0 when found). A connection that died is replaced and the statement
