@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import struct
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -152,6 +153,21 @@ def read_only(engine: Engine) -> Engine:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+_READERS: weakref.WeakKeyDictionary[sessionmaker[Session], sessionmaker[Session]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def readers(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
+    """The read-only sessions (read_only) of the database sessions opens, made once for
+    each sessionmaker: on SQLite their transactions take no write lock, so a request that
+    only reads neither waits for nor holds up the writes of the requests beside it."""
+    found = _READERS.get(sessions)
+    if found is None:
+        found = _READERS[sessions] = make_sessionmaker(read_only(sessions.kw["bind"]))
+    return found
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from sqlalchemy import ColumnElement, delete, exists, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
 from gpulease.core.errors import GpuleaseError
-from gpulease.server.db import make_sessionmaker, read_only, transaction
+from gpulease.server.db import readers, transaction
 from gpulease.server.orm import ApiToken, AuthAttempt
 from gpulease.server.security import TOKEN_PREFIX
 from gpulease.server.settings import Settings
@@ -117,7 +117,7 @@ class AuthGuard:
         window = timedelta(seconds=settings.auth_window_s)
         self.window = window
         self.sessions = sessions
-        self.readers = make_sessionmaker(read_only(sessions.kw["bind"]))
+        self.readers = readers(sessions)
         self.clock = clock
         subject, address = AuthAttempt.subject, AuthAttempt.address_key
         self.by_account = SlidingWindow(LOGIN, subject, settings.login_failures_per_account, window)

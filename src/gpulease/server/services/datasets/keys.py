@@ -155,10 +155,15 @@ def chunk_key_scope(owner_id: int, sha256: str) -> str:
     return f"chunk:{owner_id}:{sha256}"
 
 
+def key_row(session: Session, scope: str) -> StorageKey | None:
+    """The key row of scope, or None when it was never made."""
+    return session.scalar(select(StorageKey).where(StorageKey.scope == scope))
+
+
 def ensure_key(session: Session, ring: KeyRing, scope: str, owner_id: int) -> StorageKey:
     """The key row of scope, made (a fresh random key) if there is none yet. Safe when two
     requests make it at once: the loser reads the winner's row."""
-    row = session.scalar(select(StorageKey).where(StorageKey.scope == scope))
+    row = key_row(session, scope)
     if row is not None:
         return row
     wrapped, key_id = ring.wrap_with(master_in_force(session, ring), new_key(), scope)
@@ -173,7 +178,7 @@ def ensure_key(session: Session, ring: KeyRing, scope: str, owner_id: int) -> St
             )
             session.add(row)
     except DbIntegrityError:
-        row = session.scalar(select(StorageKey).where(StorageKey.scope == scope))
+        row = key_row(session, scope)
         assert row is not None
     return row
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpulease.core.datasets import check_dataset_name, check_path
 from gpulease.core.errors import Conflict, InvalidInput, NotFound
-from gpulease.server.db import make_sessionmaker, read_only, transaction, utcnow
+from gpulease.server.db import readers, transaction, utcnow
 from gpulease.server.orm import (
     Dataset,
     DatasetChunk,
@@ -38,6 +37,7 @@ from gpulease.server.services.datasets.keys import (
     chunk_key_scope,
     dataset_scope,
     ensure_key,
+    key_row,
     lock_owner,
     user_scope,
 )
@@ -110,21 +110,6 @@ def check_entry(entry: FileEntry) -> None:
     for sha in entry.chunks:
         if not _SHA.fullmatch(sha):
             raise InvalidInput(f"{entry.path!r}: {sha!r} is not a lowercase hex SHA-256")
-
-
-_READERS: weakref.WeakKeyDictionary[sessionmaker[Session], sessionmaker[Session]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def readers(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
-    """The read-only sessions of the database of sessions (db.read_only): on SQLite their
-    transactions take no write lock, so a step of a push that only reads neither waits for
-    nor holds up the writes of the requests beside it."""
-    found = _READERS.get(sessions)
-    if found is None:
-        found = _READERS[sessions] = make_sessionmaker(read_only(sessions.kw["bind"]))
-    return found
 
 
 # -- finding things ----------------------------------------------------------------------------
@@ -347,8 +332,8 @@ def store_chunks(
     wrapped_keys: list[tuple[int, bytes, memoryview, str]] = []
     with transaction(readers(sessions)) as session:
         open_upload(session, owner_id, upload_id)
-        scope = user_scope(owner_id)  # made by the file list that announced the chunks
-        user_row = session.scalar(select(StorageKey).where(StorageKey.scope == scope))
+        # made by the file list that announced the chunks
+        user_row = key_row(session, user_scope(owner_id))
         rows = {
             row[0]: row[1:]
             for row in chunk_rows(
