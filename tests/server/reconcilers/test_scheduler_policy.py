@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from factories import Caller
 from gpulease.scheduler.policy import schedule
 from gpulease.server.db import transaction, utcnow
-from gpulease.server.orm import Instance, Run, UsageSegment
+from gpulease.server.orm import Gpu, Instance, Run, UsageSegment
 from gpulease.server.reconcilers import scheduler
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import templates
@@ -162,3 +164,30 @@ def test_estimates_use_declared_and_learned_durations(
     assert ann.get(f"/api/v1/instances/{first}").json()["queue_reason"] is None
     # bob sees none of ann's instances, nor their reasons
     assert bob.get(f"/api/v1/instances/{again}").status_code == 404
+
+
+def test_an_instance_released_while_the_tick_places_it_is_left_released(
+    ann: Caller, rt: Runtime, tick: Callable[[], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner's release commits between the tick's read of the queue and its start of the
+    instance: the tick leaves it released, with no GPU held, and goes on without an error."""
+    if rt.engine.dialect.name == "sqlite":
+        pytest.skip("two writers at once need PostgreSQL (SQLite takes one at a time)")
+    instance_id = create(ann)
+    balance = scheduler.ledger.balance
+
+    def released_meanwhile(session: Session, owner_id: int, team_id: int | None) -> int:
+        with transaction(rt.sessions) as other:
+            other.execute(
+                update(Instance).where(Instance.id == instance_id).values(status="released")
+            )
+        return balance(session, owner_id, team_id)
+
+    monkeypatch.setattr(scheduler.ledger, "balance", released_meanwhile)
+    assert scheduler.tick(rt) == 0
+    monkeypatch.undo()
+    with transaction(rt.sessions) as session:
+        row = session.get(Instance, instance_id)
+        assert row is not None and row.status == "released"
+        assert session.scalar(select(Gpu.id).where(Gpu.instance_id == instance_id)) is None
+    tick()  # and the next tick is an ordinary one

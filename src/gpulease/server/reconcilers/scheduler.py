@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from gpulease.core.errors import PaymentRequired
+from gpulease.core.errors import Conflict, PaymentRequired
 from gpulease.scheduler.fifo import Placement, Request
 from gpulease.scheduler.model import ClusterState, Running, Waiting
 from gpulease.scheduler.policy import schedule
@@ -109,7 +109,13 @@ def tick(rt: Runtime) -> int:
                         _refuse(session, instance, f"not started: {exc.message}")
                         continue
                 instance.node_id = placement.node_id
-                switch_status(session, instance, STARTING, "")
+                try:
+                    switch_status(session, instance, STARTING, "")
+                except Conflict:
+                    # its owner stopped or released it since the tick read it (another
+                    # transaction, on PostgreSQL): nothing to start, the GPUs stay free
+                    nested.rollback()
+                    continue
                 placed += 1
         _explain(session, decisions.waiting, now, state, known)
     return placed

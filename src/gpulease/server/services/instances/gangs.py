@@ -25,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpulease.core.catalog import Catalog, parse_accelerators
-from gpulease.core.errors import InvalidInput
+from gpulease.core.errors import Conflict, InvalidInput
 from gpulease.schemas.instances import InstanceCreate
 from gpulease.schemas.runner import FabricLink
 from gpulease.server.orm import Gpu, Instance, Run, User
@@ -172,7 +172,8 @@ def _take(
     addresses: list[str | None],
 ) -> bool:
     """Every member takes its GPUs and address and starts, in one nested transaction; False
-    (and nothing changed) when another replica took one of the GPUs first."""
+    (and nothing changed) when another replica took one of the GPUs first, or a member was
+    stopped or released since the tick read it."""
     with session.begin_nested() as nested:
         for member, node_id, gpu_ids, address in zip(gang, node_ids, picks, addresses, strict=True):
             taken = session.execute(
@@ -186,7 +187,11 @@ def _take(
                 return False
             member.node_id = node_id
             member.fabric_address = address
-            switch_status(session, member, STARTING, "")
+            try:
+                switch_status(session, member, STARTING, "")
+            except Conflict:  # a rank was stopped or released since the tick read it
+                nested.rollback()
+                return False
         session.flush()  # a fabric address given twice fails here, inside the savepoint
     return True
 
