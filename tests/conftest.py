@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from argon2 import PasswordHasher
@@ -162,3 +164,31 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     url = request.getfixturevalue("pg_database")
     _empty_pg(url)
     yield url
+
+
+@functools.cache
+def _names_ray_cluster(path: Path) -> bool:
+    try:
+        return "ray_cluster" in path.read_text()
+    except OSError:
+        return False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (`pytest -n 2`): the tests of one file run in one worker, so that a
+    module's fixtures are made once, and every test on the session's Ray cluster (its file
+    names ray_cluster, or it is a [ray-...] case of ON_BOTH_BACKENDS) runs in one worker, so
+    that one cluster is started, not one per worker."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = config.rootpath
+
+    class OneRayWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if "[ray-" in nodeid or _names_ray_cluster(root / path):
+                return "ray"
+            return path
+
+    return OneRayWorker(config, log)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import re
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -32,9 +33,14 @@ def lab_host(instance_id: int) -> str:
 
 
 def answer_status(http: TestClient, runner: RunnerDouble) -> None:
-    """Play JupyterLab behind the runner for one request (the start-up status check)."""
-    r = runner.call("GET", "/commands", params={"wait": 5})
-    (stream,) = r.json()["streams"]
+    """Play JupyterLab behind the runner for one request (the start-up status check). The
+    long poll may answer before the console's POST has opened the stream (a slow host):
+    ask again until it is there."""
+    deadline = time.monotonic() + 60
+    streams: list[dict[str, Any]] = []
+    while not streams and time.monotonic() < deadline:
+        streams = runner.call("GET", "/commands", params={"wait": 5}).json()["streams"]
+    (stream,) = streams
     with http.websocket_connect(
         f"/runner/v1/streams/{stream['id']}", headers={"Authorization": f"Bearer {runner.token}"}
     ) as pipe:
