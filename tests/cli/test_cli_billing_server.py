@@ -37,9 +37,10 @@ def test_usage_names_the_session_and_its_time_in_words(cli: Cli) -> None:
         cli.server.cluster.step()
         if ann.instances.get("box").status == "running":
             break
-    # 2 h 14 min on one day (before the last midnight UTC), as the meter bills it
+    # 2 h 14 min on one day, as the meter bills it: the day before yesterday (UTC), so
+    # that the sign-up credit is on another day even when the test runs across midnight
     midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    start = midnight - timedelta(hours=3)
+    start = midnight - timedelta(days=1, hours=3)
     with transaction(cli.server.rt.sessions) as session:
         segment = metering.open_segment_of(session, ann.instances.get("box").id)
         assert segment is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
@@ -97,7 +97,9 @@ def test_estimate_panel_endpoint_works_with_the_session_cookie(
 
 def _bill(
     rt: Runtime, owner: Caller, tick: Callable[[], None], runners: Callable[[int], RunnerDouble]
-) -> None:
+) -> date:
+    """Bills 2 h of an A100 across the last midnight UTC and answers that midnight's day, read
+    once, so that a test running across midnight still asks for the days it billed."""
     r = owner.post("/api/v1/instances", json={"gpu": "A100-80GB:1", "name": "billed"})
     instance_id = int(r.json()["id"])
     tick()
@@ -105,9 +107,11 @@ def _bill(
     with transaction(rt.sessions) as session:
         seg = metering.open_segment_of(session, instance_id)
         assert seg is not None
-        seg.started_at = datetime.now(UTC).replace(hour=0, minute=0, second=0) - timedelta(hours=1)
+        midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        seg.started_at = midnight - timedelta(hours=1)
         session.flush()
         metering.charge_segment(session, seg, seg.started_at + timedelta(hours=2))
+    return midnight.date()
 
 
 def test_billing_page_shows_balance_statement_and_csv_link(
@@ -117,9 +121,8 @@ def test_billing_page_shows_balance_statement_and_csv_link(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    _bill(rt, ann, tick, runner_for)
+    today = _bill(rt, ann, tick, runner_for)
     client = logged_in(browser, "ann")
-    today = datetime.now(UTC).date()
     start = today - timedelta(days=1)
     page = client.get("/billing", params={"from": str(start), "to": str(today)})
     assert page.status_code == 200
@@ -150,9 +153,8 @@ def test_admins_see_revenue_with_a_server_drawn_chart(
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
 ) -> None:
-    _bill(rt, ann, tick, runner_for)
+    today = _bill(rt, ann, tick, runner_for)
     client = logged_in(browser, "admin", "admin-password-1")
-    today = datetime.now(UTC).date()
     html = client.get(
         "/billing", params={"from": str(today - timedelta(days=6)), "to": str(today)}
     ).text
