@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # pytest-xdist workers for `make test`: the suite waits on servers, runners and browsers for
-# much of its time, so two workers finish it sooner even on two cores
+# much of its time, so two workers finish it sooner even on two cores (0: one process)
 TEST_WORKERS ?= 2
 
 .PHONY: server test setup setup-dev system-deps postgres lint typecheck pytest bench clean
