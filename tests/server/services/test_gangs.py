@@ -15,6 +15,7 @@ from factories import Caller, make_node, make_settings
 from gpulease.backends.fake import FakeBackend
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance, Node, Run
+from gpulease.server.reconcilers import scheduler
 from gpulease.server.runtime import Runtime
 from gpulease.server.services.instances import gangs
 from gpulease.server.services.instances.states import STARTING, STOPPED, STOPPING, switch_status
@@ -310,6 +311,39 @@ def test_an_address_another_replica_gave_meanwhile_is_not_given_twice(
     tick()
     placed = fabric_addresses(rt, mine) + fabric_addresses(rt, theirs)
     assert None not in placed and len(set(placed)) == 4, placed
+
+
+def test_a_rank_released_while_the_tick_places_its_gang_starts_no_rank(
+    ann: Caller,
+    rt: Runtime,
+    tick: Callable[[], None],
+    two_nodes: dict[int, str],
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The owner releases rank 1 (another transaction, committed) between the tick's read of
+    the queue and its start of the gang: the tick starts neither rank, holds no GPU for
+    them and goes on without an error."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("two writers at once need PostgreSQL (SQLite takes one at a time)")
+    leader = int(str(gang(ann, name="g11")["id"]))
+    balance = gangs.ledger.balance
+
+    def released_meanwhile(session: Session, owner_id: int, team_id: int | None) -> int:
+        with transaction(rt.sessions) as other:
+            rank_1 = gangs.members(other, leader)[1]
+            rank_1.status = "released"
+        return balance(session, owner_id, team_id)
+
+    monkeypatch.setattr(gangs.ledger, "balance", released_meanwhile)
+    assert scheduler.tick(rt) == 0
+    monkeypatch.undo()
+    assert [m[0] for m in members(rt, leader)] == ["queued", "released"]
+    with transaction(rt.sessions) as session:
+        ids = [m.id for m in gangs.members(session, leader)]
+        assert session.scalars(select(Gpu.id).where(Gpu.instance_id.in_(ids))).all() == []
+    tick()  # the next pass is an ordinary one: a run with a released rank ends whole
+    assert [m[0] for m in members(rt, leader)] == ["stopped", "released"]
 
 
 # -- stop, start and release: the whole run, whichever rank they are asked of ---------------
