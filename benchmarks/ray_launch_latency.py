@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from launch_latency import first_line_seconds, wait_free  # noqa: E402
+from launch_latency import line_seconds, wait_free  # noqa: E402
 from results import emit  # noqa: E402
 
 from gpulease.client import GpuleaseClient  # noqa: E402
@@ -190,10 +190,10 @@ def local_runs(root: Path, n: int) -> list[float]:
             "register", "--server", platform.url, "--name", "bench", "--password", "bench-pass-1"
         )
         run = [str(BIN / "gpulease"), "run", "--gpu", "A100-80GB:1", "--template", "python"]
-        first_line_seconds([*run, "--", "echo warm"], platform.env())
+        line_seconds([*run, "--", "echo warm"], platform.env())
         for _ in range(n):
             wait_free(platform, "A100-80GB")
-            samples.append(first_line_seconds([*run, "--", "echo hi"], platform.env()))
+            samples.append(line_seconds([*run, "--", "echo hi"], platform.env()))
     return samples
 
 
@@ -229,10 +229,10 @@ def main() -> None:
                 "bench-pass-1",
             )
             run = [str(BIN / "gpulease"), "run", "--gpu", "A100-80GB:1", "--template", "python"]
-            first_line_seconds([*run, "--", "echo warm"], platform.env())  # builds the env
+            line_seconds([*run, "--", "echo warm"], platform.env())  # builds the env
             for _ in range(args.n):
                 wait_free(platform, "A100-80GB")
-                runs.append(first_line_seconds([*run, "--", "echo hi"], platform.env()))
+                runs.append(line_seconds([*run, "--", "echo hi"], platform.env()))
             client = user_client(platform)
             moves = workspace_seconds(platform, client, args.n, args.workspace_mib)
             fleet = fleet_seconds(cluster, client, args.n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -48,3 +49,15 @@ def test_a_benchmark_that_prints_no_result_gets_a_row_saying_so(
     text = out.read_text()
     assert "| silent | (printed no bench-result line; see its output above) |" in text
     assert "| failing | (exited 3; see its output above) |" in text
+
+
+@pytest.mark.parametrize("name", report.BENCHMARKS)
+def test_every_benchmark_of_make_bench_starts(name: str) -> None:
+    """Each benchmark make bench runs imports and parses its options (`--help`): a name one
+    of them imports from another must still be there (mypy does not read benchmarks/)."""
+    script = Path(report.HERE) / f"{name}.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
