@@ -4,9 +4,10 @@ prompt, and to a JupyterLab that answers, beside the bare start of a Python proc
 Against a real server, CLI and runner on this host (SQLite, the local backend, the `python`
 template and the JupyterLab tools environment already built, the sandbox when bubblewrap
 works). Each round starts the stopped instance with the CLI and, at the same time, keeps
-trying (every 20 ms) to open the terminal WebSocket and to GET JupyterLab's
-`/api/status` through the proxy: the terminal counts as ready at the first prompt bytes
-through its WebSocket, JupyterLab at the first 200. Then the instance is stopped again.
+trying (every 20 ms) to open the terminal WebSocket and to open JupyterLab as the console
+does (the owner's "Open JupyterLab", then the one-use ticket on JupyterLab's own origin):
+the terminal counts as ready at the first prompt bytes through its WebSocket, JupyterLab at
+the first 200 of its `/api/status` on its origin. Then the instance is stopped again.
 `python -c pass` is timed in the same run. Medians of N (default 5).
 
     .venv/bin/python benchmarks/terminal_ready.py [-n 5]
@@ -15,6 +16,8 @@ through its WebSocket, JupyterLab at the first 200. Then the instance is stopped
 from __future__ import annotations
 
 import argparse
+import html
+import re
 import statistics
 import subprocess
 import sys
@@ -22,6 +25,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 from websockets.exceptions import InvalidStatus, WebSocketException
@@ -32,9 +36,11 @@ from results import emit
 from temp_platform import sqlite_platform
 
 from gpulease.runner.sandbox import probe  # noqa: E402
+from gpulease.server.routers.ui.jupyter_proxy import JUPYTER_COOKIE  # noqa: E402
 from processes import BIN, Platform  # noqa: E402
 
 PASSWORD = "password-123"
+ENTRY = re.compile(r'href="([^"]+)" data-testid="jupyterlab-link"')
 POLL_S = 0.02
 LIMIT_S = 300.0
 
@@ -73,13 +79,32 @@ def terminal_ready(url: str, cookie: str, origin: str) -> float:
     raise RuntimeError("the terminal never became ready")
 
 
-def jupyter_ready(url: str, cookie: str) -> float:
+def jupyter_ready(base: str, instance_id: int, cookie: str) -> float:
+    """Seconds until this instance's JupyterLab answers on its own origin, as the console
+    opens it: the owner's "Open JupyterLab" POST (which waits for JupyterLab to answer),
+    its one-use ticket redeemed on the Jupyter host for that host's cookie, then a 200
+    from `/api/status` there. The Jupyter host is reached on the server's address with
+    its name in the Host header (`*.jupyter.localhost` need not resolve here)."""
     started = time.perf_counter()
-    with httpx.Client(headers={"Cookie": cookie}, timeout=LIMIT_S) as client:
+    with httpx.Client(timeout=LIMIT_S) as client:
         while time.perf_counter() - started < LIMIT_S:
             try:
-                if client.get(url).status_code == 200:
-                    return time.perf_counter() - started
+                opened = client.post(
+                    f"{base}/instances/{instance_id}/jupyterlab",
+                    headers={"Cookie": cookie, "Origin": base},
+                )
+                found = ENTRY.search(opened.text) if opened.status_code == 200 else None
+                if found is not None:
+                    entry = urlsplit(html.unescape(found.group(1)))
+                    host = {"Host": entry.netloc}
+                    entered = client.get(f"{base}{entry.path}?{entry.query}", headers=host)
+                    lab_cookie = entered.cookies.get(JUPYTER_COOKIE)
+                    status = client.get(
+                        f"{base}/instances/{instance_id}/jupyter/api/status",
+                        headers={**host, "Cookie": f"{JUPYTER_COOKIE}={lab_cookie}"},
+                    )
+                    if status.status_code == 200:
+                        return time.perf_counter() - started
             except httpx.HTTPError:
                 pass
             time.sleep(POLL_S)
@@ -103,7 +128,7 @@ def one_round(platform: Platform, instance_id: int, cookie: str) -> tuple[float,
             target=measure,
             args=(
                 "jupyter",
-                lambda: jupyter_ready(f"{base}/instances/{instance_id}/jupyter/api/status", cookie),
+                lambda: jupyter_ready(base, instance_id, cookie),
             ),
         ),
     ]
@@ -164,7 +189,7 @@ def main() -> None:
             )
             cookie = f"gpulease_session={login.json()['token']}"
             print("installing JupyterLab into the environment cache (once) ...", flush=True)
-            jupyter_ready(f"{platform.url}/instances/{instance_id}/jupyter/api/status", cookie)
+            jupyter_ready(platform.url, instance_id, cookie)
             platform.cli("instance", "stop", "box")
             wait_for(platform, "stopped")
             rounds = []
@@ -192,7 +217,7 @@ def main() -> None:
         ("python -c pass", bare),
         ("`instance start` CLI returns", [r[0] for r in rounds]),
         ("start → terminal prompt (WebSocket bytes)", [r[1] for r in rounds]),
-        ("start → JupyterLab /api/status 200", [r[2] for r in rounds]),
+        ("start → JupyterLab opened on its origin", [r[2] for r in rounds]),
     ]
     for label, samples in rows:
         print(f"{label:44} {median(samples):9.2f} {median(samples) / base:17.1f}")
