@@ -115,9 +115,10 @@ def main() -> None:
                     text=True,
                     check=True,
                 ).stdout
-                ran += rates(through)
-                alone += rates(bare)
-                pair = statistics.median(rates(through)) / statistics.median(rates(bare))
+                through_rates, bare_rates = rates(through), rates(bare)
+                ran += through_rates
+                alone += bare_rates
+                pair = statistics.median(through_rates) / statistics.median(bare_rates)
                 pairs.append(pair)
                 print(f"pair {len(pairs)}: gpulease run / bare {pair:.3f}", flush=True)
     assert len(ran) >= 5 and len(alone) >= 5, (through, bare)

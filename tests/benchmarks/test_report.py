@@ -55,7 +55,7 @@ def test_a_benchmark_that_prints_no_result_gets_a_row_saying_so(
 def test_every_benchmark_of_make_bench_starts(name: str) -> None:
     """Each benchmark make bench runs imports and parses its options (`--help`): a name one
     of them imports from another must still be there (mypy does not read benchmarks/)."""
-    script = Path(report.HERE) / f"{name}.py"
+    script = report.HERE / f"{name}.py"
     done = subprocess.run(
         [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120
     )
