@@ -22,6 +22,7 @@ from gpulease.cli import output as out
 from gpulease.cli.connection import fetch, logged_in_client
 from gpulease.core.datasets import format_bytes
 from gpulease.schemas.datasets import DatasetDetail, DatasetList
+from gpulease.storage.chunking import without_cyclic_gc
 
 EXIT_INTERRUPTED = 130
 
@@ -83,7 +84,9 @@ def push(
     progress = BarProgress()
     with logged_in_client() as client:
         try:
-            with progress.bar:
+            # The collector off while the push makes its tuples (a few per file, no cycles):
+            # each full collection they set off went through every object of the CLI.
+            with progress.bar, without_cyclic_gc():
                 result = client.datasets.push(directory, name, progress=progress)
         except KeyboardInterrupt:
             out.note(

@@ -11,6 +11,7 @@ certificate (server/tls.py).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -84,6 +85,11 @@ def serve(app: Any, settings: Settings, **options: Any) -> None:
         sockets.append(bind_socket(path))
     except OSError as exc:
         log.warning("runners on this node will use TCP: %s", exc)
+    # What exists now (the modules, the app, the runtime) lives as long as the server: frozen
+    # out of the collector's reach, the full collections that a request's objects set off (a
+    # file list part of 5,000 files makes tens of thousands) go only through what requests
+    # made, instead of every object of the process each time (about 0.1 s a collection).
+    gc.freeze()
     try:
         server.run(sockets=sockets)
     finally:

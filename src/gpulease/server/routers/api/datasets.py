@@ -147,7 +147,7 @@ async def push_files(
     return wire.DatasetMissingChunks(missing=missing.chunks, missing_bytes=missing.bytes)
 
 
-def _file_entries(raw: bytes) -> list[uploads.FileEntry]:
+def _file_entries(raw: bytes | bytearray) -> list[uploads.FileEntry]:
     try:
         body = wire.DatasetFilesPart.model_validate_json(raw)
     except ValidationError as exc:
@@ -157,11 +157,18 @@ def _file_entries(raw: bytes) -> list[uploads.FileEntry]:
     return [uploads.FileEntry(f.path, f.size, tuple(f.chunks)) for f in body.files]
 
 
-async def read_capped(request: Request, limit: int, what: str) -> bytes:
+async def read_capped(request: Request, limit: int, what: str) -> bytes | bytearray:
+    """The request's body, at most limit bytes. A body that declares its length is read
+    into one buffer of that size as it arrives: keeping the pieces and joining them at the
+    end cost the server more than half again as much CPU as this copy (fresh memory for
+    every piece, then for the 16 MB join)."""
     declared = request.headers.get("content-length")
     too_big = f"{what} may hold at most {limit} bytes; send smaller ones"
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise InvalidInput(too_big)
+    if declared is not None and declared.isascii() and declared.isdigit():
+        length = int(declared)
+        if length > limit:
+            raise InvalidInput(too_big)
+        return await _read_declared(request, length, what)
     parts = []
     size = 0
     async for piece in request.stream():
@@ -170,6 +177,20 @@ async def read_capped(request: Request, limit: int, what: str) -> bytes:
             raise InvalidInput(too_big)
         parts.append(piece)
     return b"".join(parts)
+
+
+async def _read_declared(request: Request, length: int, what: str) -> bytearray:
+    body = bytearray(length)
+    at = 0
+    async for piece in request.stream():
+        end = at + len(piece)
+        if end > length:  # the HTTP server ends such a request itself; never write past it
+            raise InvalidInput(f"{what} is longer than its Content-Length of {length} bytes")
+        body[at:end] = piece
+        at = end
+    if at != length:
+        raise InvalidInput(f"{what} ended after {at} of its {length} bytes; send it again")
+    return body
 
 
 @router.post("/datasets/{name}/pushes/{push_id}/chunks")

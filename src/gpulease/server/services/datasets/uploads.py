@@ -315,7 +315,11 @@ def _reserve(
 
 
 def store_chunks(
-    sessions: sessionmaker[Session], vault: Vault, owner_id: int, upload_id: int, body: bytes
+    sessions: sessionmaker[Session],
+    vault: Vault,
+    owner_id: int,
+    upload_id: int,
+    body: bytes | bytearray,
 ) -> Received:
     """Take a pack of chunks (see gpulease.storage.chunking): check each one's SHA-256,
     seal it under its own key, and store the new ones together as one pack blob (one file
