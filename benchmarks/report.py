@@ -29,6 +29,7 @@ BENCHMARKS = (
     "runner_overhead",
     "scheduler_tick",
     "auth_limits",
+    "request_overhead",
     "ray_launch_latency",
 )
 

@@ -86,7 +86,8 @@ class TokenGuessingGate:
         client = scope.get("client")
         address = str(client[0]) if client else "unknown"
         try:
-            await run_in_threadpool(guard.check_token, address, secret)
+            if not guard.known_clear(address, secret):
+                await run_in_threadpool(guard.check_token, address, secret)
         except TooManyAttempts as refusal:
             await _answer(send, refusal)
             return
