@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -199,3 +199,41 @@ def test_only_an_https_server_is_verified_and_a_pinned_certificate_is_trusted_al
     pinned = tls_verify("https://gpu.example.org", cert.read_text())
     assert isinstance(pinned, ssl.SSLContext) and pinned.verify_mode == ssl.CERT_REQUIRED
     assert [c["subject"] for c in pinned.get_ca_certs()] == [((("commonName", "gpu"),),)]
+
+
+class Pieces(httpx.SyncByteStream):
+    """A response body that arrives in pieces, as a socket hands it over."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self.pieces
+
+
+LARGE = bytes(range(256)) * (3 * 4096)  # 3 MiB: a chunk pack's size, read into one buffer
+
+
+def test_a_large_body_is_read_whole() -> None:
+    pieces = [LARGE[at : at + 65536] for at in range(0, len(LARGE), 65536)]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, headers={"content-length": str(len(LARGE))}, stream=Pieces(pieces)
+        )
+
+    response = connect(handler, []).call("POST", "/runner/v1/datasets/1/versions/1/chunks")
+    assert response.status_code == 200 and response.content == LARGE
+
+
+def test_a_large_body_cut_short_or_overlong_is_asked_for_again() -> None:
+    sent: list[bytes] = [LARGE[:-1], LARGE + b"x", LARGE]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = sent.pop(0)
+        return httpx.Response(
+            200, headers={"content-length": str(len(LARGE))}, stream=Pieces([body])
+        )
+
+    response = connect(handler, []).call("POST", "/runner/v1/datasets/1/versions/1/chunks")
+    assert response.content == LARGE and sent == []

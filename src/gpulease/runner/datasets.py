@@ -36,7 +36,7 @@ from gpulease.core.errors import InvalidInput
 from gpulease.runner.connection import Connection
 from gpulease.schemas.runner import RUNNER_API, RunnerDatasetMount, RunnerDatasets, RunnerSpec
 from gpulease.storage import file_lists
-from gpulease.storage.chunking import CHUNK_SIZE, PackError, unpack, without_cyclic_gc
+from gpulease.storage.chunking import CHUNK_SIZE, PackError, unpack_views, without_cyclic_gc
 from gpulease.storage.crypto import IntegrityError, open_sealed
 
 log = logging.getLogger(__name__)
@@ -464,11 +464,15 @@ def _build(
         tree.close()
 
 
-def _open_chunks(body: bytes, keys: dict[str, bytes], owner_id: int, what: str) -> dict[str, bytes]:
-    """The plaintext of each chunk of a pack, by sha256; keys: the chunks asked for."""
+def _open_chunks(
+    body: bytes | bytearray, keys: dict[str, bytes], owner_id: int, what: str
+) -> dict[str, bytes]:
+    """The plaintext of each chunk of a pack, by sha256; keys: the chunks asked for. Each
+    sealed chunk is opened where it lies in the body (a view, no copy of it first)."""
     plain: dict[str, bytes] = {}
     try:
-        for sha, sealed in unpack(body):
+        for digest, sealed in unpack_views(body):
+            sha = digest.hex()
             if sha not in keys:
                 raise DatasetError(f"{what}: the server sent chunk {sha}, which was not asked for")
             try:

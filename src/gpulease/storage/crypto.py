@@ -72,17 +72,18 @@ def seal_many(sealings: Sequence[tuple[bytes, bytes | memoryview, bytes]]) -> li
     return pieces
 
 
-def open_sealed(key: bytes, sealed: bytes, aad: bytes, what: str) -> bytes:
-    """The plaintext of a seal() result; IntegrityError naming `what` when it does not open."""
+def open_sealed(key: bytes, sealed: bytes | memoryview, aad: bytes, what: str) -> bytes:
+    """The plaintext of a seal() result; IntegrityError naming `what` when it does not open.
+    sealed may be a view into a larger buffer (a chunk pack): it is opened without a copy."""
     return _open_with(AESGCM(key), sealed, aad, what)
 
 
-def _open_with(aead: AESGCM, sealed: bytes, aad: bytes, what: str) -> bytes:
+def _open_with(aead: AESGCM, sealed: bytes | memoryview, aad: bytes, what: str) -> bytes:
     if len(sealed) < OVERHEAD or sealed[:1] != FORMAT:
         raise IntegrityError(f"{what} is not a sealed gpulease blob (wrong format or truncated)")
-    nonce = sealed[1 : 1 + NONCE_BYTES]
+    view = memoryview(sealed)
     try:
-        return aead.decrypt(nonce, sealed[1 + NONCE_BYTES :], aad)
+        return aead.decrypt(view[1 : 1 + NONCE_BYTES], view[1 + NONCE_BYTES :], aad)
     except InvalidTag:
         raise IntegrityError(
             f"{what} failed its integrity check (AES-GCM tag mismatch): the stored bytes were "
