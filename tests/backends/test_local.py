@@ -237,3 +237,13 @@ def test_a_waiting_runner_exits_when_its_pipe_closes(tmp_path: Path) -> None:
     assert warm is not None
     backend.stop_warm()
     assert warm.returncode == 0
+
+
+def test_no_runner_is_kept_waiting_after_stop_warm(tmp_path: Path) -> None:
+    """A launch starts the next waiting runner from a thread of its own; when that thread
+    runs only after stop_warm(), it starts none (nobody would close its pipe)."""
+    backend = LocalBackend()
+    backend.prestart(tmp_path)
+    backend.stop_warm()
+    backend._warm_next()  # what a launch's thread does
+    assert backend._warm is None

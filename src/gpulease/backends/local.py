@@ -98,9 +98,7 @@ class LocalBackend:
         ).start()
         log.info("started runner %d for instance %d", process.pid, spec.instance_id)
         if self._keep_warm:
-            threading.Thread(
-                target=self.prestart, args=(self._runners_dir,), name="warm-runner", daemon=True
-            ).start()
+            threading.Thread(target=self._warm_next, name="warm-runner", daemon=True).start()
         return _handle(process.pid, stat.start_time)
 
     def prestart(self, runners_dir: Path) -> None:
@@ -109,9 +107,15 @@ class LocalBackend:
         is), as a cold runner's names its spec: `pgrep -f RUNNERS_DIR/` finds them all."""
         with self._warm_lock:
             self._keep_warm, self._runners_dir = True, runners_dir
-            if self._warm is not None and self._warm.poll() is None:
+        self._warm_next()
+
+    def _warm_next(self) -> None:
+        """Start the waiting runner if none waits, unless stop_warm() came first (a launch's
+        thread that runs after it must not start one that nobody would close)."""
+        with self._warm_lock:
+            if not self._keep_warm or (self._warm is not None and self._warm.poll() is None):
                 return
-            args = ["--warm", f"{runners_dir}/"]
+            args = ["--warm", f"{self._runners_dir}/"]
             self._warm = self._spawn(args, subprocess.DEVNULL, Path("/"), stdin=True)
 
     def stop_warm(self) -> None:
