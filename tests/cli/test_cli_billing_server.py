@@ -121,6 +121,29 @@ def test_server_prints_a_banner_and_the_first_admin_password_once(
     assert served[-1]["host"] == "0.0.0.0" and served[-1]["port"] == 8420
 
 
+def _waiting_runners(runners_dir: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile, or not a process
+        if b"--warm" in argv and f"{runners_dir}/".encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_the_runner_kept_waiting_ends_with_the_server(
+    served: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """The server keeps one runner process waiting for the next launch; when it stops
+    serving, that runner is told to exit (its pipe closed and the process reaped)."""
+    result = CliRunner().invoke(app, ["server"])
+    assert result.exit_code == 0, result.output
+    assert len(served) == 1
+    assert _waiting_runners(tmp_path / "home" / "runners") == []
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

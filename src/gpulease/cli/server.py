@@ -144,13 +144,18 @@ def server(
         {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)} if tls else {}
     )
     # uvicorn on settings.host:port and on the runners' Unix socket (server/runner_socket.py)
-    serve(
-        app,
-        settings,
-        **https,
-        log_level="warning",
-        access_log=False,
-        # Followers of live logs hold their stream open for as long as the run lasts; on
-        # shutdown, cut them after a moment (the SDK reconnects) rather than wait for the runs.
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-    )
+    try:
+        serve(
+            app,
+            settings,
+            **https,
+            log_level="warning",
+            access_log=False,
+            # Followers of live logs hold their stream open for as long as the run lasts; on
+            # shutdown, cut them after a moment (the SDK reconnects) rather than wait for the
+            # runs.
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+    finally:
+        if isinstance(rt.backend, LocalBackend):
+            rt.backend.stop_warm()  # the waiting runner exits with the server, not after it
