@@ -90,18 +90,26 @@ def ray_head(root: Path) -> Iterator[tuple[str, dict[str, str]]]:
         raise RuntimeError("Ray is not installed: pip install 'gpulease[ray]'")
     env = {**os.environ, "RAY_TMPDIR": str(root / "tmp"), "RAY_USAGE_STATS_ENABLED": "0"}
     (root / "tmp").mkdir(parents=True)
-    dashboard = free_port()
     low = free_port()
+    workers = range(low, low + 201)
+
+    def other_port() -> int:
+        """A free port outside the workers' range (Ray refuses to start on an overlap)."""
+        while (port := free_port()) in workers:
+            pass
+        return port
+
+    dashboard = other_port()
     ports = {
-        "--port": free_port(),
+        "--port": other_port(),
         "--dashboard-port": dashboard,
-        "--dashboard-agent-listen-port": free_port(),
-        "--dashboard-agent-grpc-port": free_port(),
-        "--metrics-export-port": free_port(),
-        "--runtime-env-agent-port": free_port(),
-        "--ray-client-server-port": free_port(),
-        "--node-manager-port": free_port(),
-        "--object-manager-port": free_port(),
+        "--dashboard-agent-listen-port": other_port(),
+        "--dashboard-agent-grpc-port": other_port(),
+        "--metrics-export-port": other_port(),
+        "--runtime-env-agent-port": other_port(),
+        "--ray-client-server-port": other_port(),
+        "--node-manager-port": other_port(),
+        "--object-manager-port": other_port(),
     }
     argv = [ray, "start", "--head", "--block", "--node-ip-address", "127.0.0.1"]
     argv += ["--dashboard-host", "127.0.0.1", "--include-dashboard", "true", "--num-cpus", "1"]
