@@ -1,8 +1,12 @@
-"""What one request costs the server: its CPU milliseconds for `GET /healthz` and for an
-authenticated `GET /api/v1/datasets`, beside a bare Starlette app with one route served by
-the same uvicorn, in turns, in the same run. Every runner heartbeat, log batch and metric
-batch, and every CLI call, pays this; on a two-core node it is CPU the training job does not
-get.
+"""What one request costs the server: its CPU milliseconds for `GET /healthz` with a token,
+for an authenticated `GET /api/v1/datasets`, and for a runner's `GET /runner/v1/commands`
+that finds nothing to do (the long poll's immediate answer, with the runner's own session
+token), beside a bare Starlette app with one route served by the same uvicorn, in turns, in
+the same run. Every runner heartbeat, log batch and metric batch, and every CLI call, pays
+this; on a two-core node it is CPU the training job does not get.
+
+The gpulease server is benchmarks/handoff_server.py (the real server; its backend leaves
+each launch's spec for this script, which opens the runner's session as a runner does).
 
 Each figure is the median of several turns of --requests requests over one kept-alive
 connection; the server's CPU comes from /proc (user and system), less what it burns idle
@@ -33,9 +37,14 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import temp_platform  # noqa: E402
+from metrics_ingest import HandoffPlatform  # noqa: E402
 from results import emit  # noqa: E402
 
-from processes import ADMIN_PASSWORD, Platform, free_port  # noqa: E402
+from gpulease.runner.connection import Connection  # noqa: E402
+from gpulease.schemas.runner import RUNNER_API, RunnerSpec  # noqa: E402
+from processes import free_port  # noqa: E402
+
+COMMANDS = f"{RUNNER_API}/commands?wait=0"
 
 BARE_APP = """
 import sys, uvicorn
@@ -58,12 +67,17 @@ def process_cpu(pid: int) -> float:
 
 
 class Target:
-    """A server to send requests to: its process, base URL and token."""
+    """A server to send requests to: its process, base URL, the user's token and the
+    runner's (None: none)."""
 
-    def __init__(self, name: str, pid: int, url: str, token: str | None) -> None:
+    def __init__(
+        self, name: str, pid: int, url: str, token: str | None, runner_token: str | None = None
+    ) -> None:
         self.name, self.pid, self.url = name, pid, url
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.client = httpx.Client(base_url=url, headers=headers, timeout=30)
+        runner = {"Authorization": f"Bearer {runner_token}"} if runner_token else {}
+        self.runner_client = httpx.Client(base_url=url, headers=runner, timeout=30)
 
     def idle_rate(self, seconds: float = 1.0) -> float:
         before = process_cpu(self.pid)
@@ -73,8 +87,9 @@ class Target:
     def cpu_ms_per_request(self, path: str, requests: int) -> float:
         idle = self.idle_rate()
         before, started = process_cpu(self.pid), time.perf_counter()
+        client = self.runner_client if path.startswith(RUNNER_API) else self.client
         for _ in range(requests):
-            answer = self.client.get(path)
+            answer = client.get(path)
             assert answer.status_code == 200, (path, answer.status_code, answer.text[:200])
         wall = time.perf_counter() - started
         used = process_cpu(self.pid) - before - idle * wall
@@ -83,21 +98,34 @@ class Target:
 
 @contextlib.contextmanager
 def gpulease_server(root: Path, name: str, pythonpath: str | None) -> Iterator[Target]:
-    home = root / name
-    home.mkdir()
-    extra = {"GPULEASE_UNSANDBOXED_SINGLE_USER": "true", "XDG_CACHE_HOME": str(home / "cache")}
+    root = root / name
+    root.mkdir()
+    extra = {"XDG_CACHE_HOME": str(root / "cache")}
     if pythonpath is not None:
         extra["PYTHONPATH"] = pythonpath
-    platform: Platform = temp_platform.sqlite_platform(home, "T4:1", extra)
+    platform = temp_platform.sqlite_platform(root, "T4:1", extra, kind=HandoffPlatform)
+    assert isinstance(platform, HandoffPlatform)
     platform.start()
     try:
         platform.cli(
-            "login", "--server", platform.url, "--name", "admin", "--password", ADMIN_PASSWORD
+            "register", "--server", platform.url, "--name", "bench", "--password", "password-123"
         )
-        token = json.loads((home / "cli.json").read_text())["token"]
-        assert platform.proc is not None
-        yield Target(name, platform.proc.pid, platform.url, token)
+        token = json.loads((root / "cli.json").read_text())["token"]
+        platform.cli("instance", "create", "--name", "box", "--gpu", "T4:1", "--template", "python")
+        deadline = time.monotonic() + 60
+        while not (specs := sorted(platform.spec_dir.glob("*.json"))):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no launch spec: {platform.log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        spec = RunnerSpec.from_json(specs[0].read_text())
+        runner = Connection(spec.server_url, spec.token, on_stop=lambda reason: None)
+        with contextlib.closing(runner):
+            runner.open_session()  # as a runner does: its token is now one only it knows
+            runner.call("POST", f"{RUNNER_API}/ready", json={"pid": os.getpid()})
+            assert platform.proc is not None
+            yield Target(name, platform.proc.pid, platform.url, token, runner.token)
     finally:
+        platform.end_runners()
         platform.stop()
 
 
@@ -127,7 +155,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5, help="turns (the figure is the median)")
     parser.add_argument("--against", metavar="DIR", help="also a server with DIR on PYTHONPATH")
     args = parser.parse_args()
-    paths = ("/healthz", "/api/v1/datasets")
+    paths = ("/healthz", "/api/v1/datasets", COMMANDS)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
         servers = [stack.enter_context(gpulease_server(root, "gpulease", None))]

@@ -14,11 +14,15 @@ from processes import Platform, free_port  # noqa: E402
 
 
 def sqlite_platform(
-    root: Path, simulated: str, extra_env: Mapping[str, str] | None = None
+    root: Path,
+    simulated: str,
+    extra_env: Mapping[str, str] | None = None,
+    kind: type[Platform] = Platform,
 ) -> Platform:
-    """A Platform, not yet started, whose home, database, server log and CLI config are
-    under root, on a free loopback port, offering the simulated GPUs ("T4:1,A100-80GB:1")."""
-    return Platform(
+    """A Platform (of that kind), not yet started, whose home, database, server log and CLI
+    config are under root, on a free loopback port, offering the simulated GPUs
+    ("T4:1,A100-80GB:1")."""
+    return kind(
         home=root / "home",
         database_url=f"sqlite:///{root / 'home' / 'gpulease.db'}",
         port=free_port(),
