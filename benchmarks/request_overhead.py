@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,11 +120,23 @@ def gpulease_server(root: Path, name: str, pythonpath: str | None) -> Iterator[T
             time.sleep(0.1)
         spec = RunnerSpec.from_json(specs[0].read_text())
         runner = Connection(spec.server_url, spec.token, on_stop=lambda reason: None)
+        done = threading.Event()
+
+        def heartbeats() -> None:  # as a runner's own thread does: the instance stays alive
+            while not done.wait(1.0):
+                runner.call("POST", f"{RUNNER_API}/heartbeat", json={"running_runs": []})
+
+        beating = threading.Thread(target=heartbeats, daemon=True)
         with contextlib.closing(runner):
             runner.open_session()  # as a runner does: its token is now one only it knows
             runner.call("POST", f"{RUNNER_API}/ready", json={"pid": os.getpid()})
+            beating.start()
             assert platform.proc is not None
-            yield Target(name, platform.proc.pid, platform.url, token, runner.token)
+            try:
+                yield Target(name, platform.proc.pid, platform.url, token, runner.token)
+            finally:
+                done.set()
+                beating.join()
     finally:
         platform.end_runners()
         platform.stop()

@@ -14,7 +14,7 @@ from starlette.requests import HTTPConnection
 from gpulease.core.errors import Forbidden, InvalidInput, Unauthorized
 from gpulease.core.ids import MAX_ID
 from gpulease.core.money import MoneyError, parse_credits
-from gpulease.server.db import transaction
+from gpulease.server.db import readers, transaction
 from gpulease.server.orm import Instance, User
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import runners, tokens
@@ -31,6 +31,14 @@ def runtime(request: Request) -> Runtime:
 @contextmanager
 def tx(request: Request) -> Iterator[Session]:
     with transaction(runtime(request).sessions) as session:
+        yield session
+
+
+@contextmanager
+def read_tx(request: Request) -> Iterator[Session]:
+    """A transaction that only reads (db.readers): on SQLite it takes no write lock, so it
+    neither waits for a writer nor holds one up; on PostgreSQL it sends no BEGIN or COMMIT."""
+    with transaction(readers(runtime(request).sessions)) as session:
         yield session
 
 

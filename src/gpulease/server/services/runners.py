@@ -69,7 +69,8 @@ def stop_wanted(instance: Instance) -> bool:
 
 
 def pending_runs(session: Session, instance: Instance) -> list[Run]:
-    _seen(instance)
+    """The runs waiting for the instance's runner. A read only: the long poll asks it on
+    every wake, and the runner's heartbeats (its own thread) tell that it is alive."""
     if instance.status != RUNNING:
         return []
     return find_all(session, Run, Run.instance_id == instance.id, Run.status == "pending")

@@ -9,6 +9,9 @@ from collections.abc import Callable
 import httpx
 
 from factories import Caller, RunnerDouble, make_running_instance
+from gpulease.server.db import transaction
+from gpulease.server.orm import Instance
+from gpulease.server.runtime import Runtime
 
 
 def _poll(runner: RunnerDouble, wait: float) -> tuple[float, httpx.Response]:
@@ -83,3 +86,29 @@ def test_a_bad_wait_or_an_unknown_token_is_refused(
     assert bad.status_code == 422 and "wait" in bad.text
     stranger = RunnerDouble(runner.http, "glr_" + "x" * 43)
     assert stranger.call("GET", "/commands", params={"wait": 0}).status_code == 401
+
+
+def test_a_poll_neither_waits_for_a_writer_nor_writes(
+    ann: Caller, rt: Runtime, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> None:
+    """A writer holds the database (SQLite: its write lock; PostgreSQL: the instance's row)
+    for as long as it likes, as a long billing tick may: the runner's poll still answers,
+    and leaves the instance as it was (liveness is the heartbeats' to tell)."""
+    instance_id, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
+    with transaction(rt.sessions) as session:
+        before = session.get(Instance, instance_id)
+        assert before is not None
+        seen = before.last_heartbeat_at
+    answers: list[tuple[float, httpx.Response]] = []
+    poller = threading.Thread(target=lambda: answers.append(_poll(runner, 0)))
+    with transaction(rt.sessions) as writer:
+        assert writer.get(Instance, instance_id, with_for_update=True) is not None
+        poller.start()
+        poller.join(timeout=10)
+        answered = list(answers)  # what came back while the writer held on
+    poller.join(timeout=60)
+    assert answered, "the poll waited for the writer"
+    assert answered[0][1].status_code == 200, answered[0][1].text
+    with transaction(rt.sessions) as session:
+        after = session.get(Instance, instance_id)
+        assert after is not None and after.last_heartbeat_at == seen

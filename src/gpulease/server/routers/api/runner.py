@@ -31,7 +31,7 @@ from gpulease.schemas.runner import (
     RunnerTask,
 )
 from gpulease.server.orm import Instance
-from gpulease.server.routers.deps import runner_token, runtime, tx
+from gpulease.server.routers.deps import read_tx, runner_token, runtime, tx
 from gpulease.server.runner_doorbell import FALLBACK_S, Listener, doorbell
 from gpulease.server.services import preemption, runners, runs, templates
 from gpulease.server.services.streams import hub_of
@@ -96,7 +96,9 @@ async def commands(request: Request, wait: float = 20.0) -> RunnerCommands:
     deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
 
     def _pending() -> tuple[int, RunnerCommands]:
-        with tx(request) as session:
+        # Reads only: a poll neither waits for the database's writers (a billing tick) nor
+        # holds them up, however many runners poll.
+        with read_tx(request) as session:
             instance = runners.instance_for_token(session, token)
             tasks = [
                 RunnerTask(id=t.id, kind=templates.SNAPSHOT_TASK)
