@@ -337,9 +337,10 @@ def bench_scan(root: Path, args: argparse.Namespace, console: Console) -> list[R
     ]
 
 
-def read_rate(source: Path, inside: str) -> float:
-    """Files per second of the reader job on source, seen by the job at `inside`."""
-    argv = [sys.executable, "-c", READER, inside]
+def read_rate(source: Path, inside: str, reader: str = READER) -> float:
+    """Files per second of the reader job on source, seen by the job at `inside` (source's
+    own path: not bound)."""
+    argv = [sys.executable, "-c", reader, inside]
     if shutil.which("bwrap"):
         bind = (
             [] if inside == str(source) else ["--tmpfs", "/mnt", "--ro-bind", str(source), inside]
