@@ -43,6 +43,7 @@ SORTED_READER = READER.replace(
     "    dirs.sort()\n"
     "    for name in sorted(names):",
 )
+assert SORTED_READER != READER, "dataset_push.READER changed: sort its walk here again"
 SHUFFLED_READER = """
 import os, random, sys, time
 paths = [os.path.join(d, n) for d, _, names in os.walk(sys.argv[1]) for n in names]
