@@ -61,3 +61,21 @@ def test_every_benchmark_of_make_bench_starts(name: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
+
+
+OTHER_SCRIPTS = sorted(
+    path.stem
+    for path in report.HERE.glob("*.py")
+    if "argparse" in path.read_text() and path.stem not in report.BENCHMARKS
+)
+
+
+@pytest.mark.parametrize("name", OTHER_SCRIPTS)
+def test_every_other_benchmark_script_starts(name: str) -> None:
+    """The benchmarks make bench leaves out (profiles, --against runs, the Ray head restart)
+    start too: they import from the others as well."""
+    test_every_benchmark_of_make_bench_starts(name)
+
+
+def test_the_other_scripts_are_found() -> None:
+    assert {"dataset_materialise", "tree_reads", "report"} <= set(OTHER_SCRIPTS)
