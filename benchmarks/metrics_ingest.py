@@ -117,6 +117,26 @@ class HandoffPlatform(Platform):
         self.stop()
         raise RuntimeError(f"server did not come up: {self.log_path.read_text()[-3000:]}")
 
+    def runner(self, instance_id: int) -> Connection:
+        """The instance's runner, played by the caller: its launch spec's secret opens a
+        session of its own and the instance is ready, as runner/connection.py does."""
+        spec_file = self.spec_dir / f"{instance_id}.json"
+        for _ in range(600):
+            if spec_file.exists():
+                break
+            time.sleep(0.1)
+        spec = RunnerSpec.from_json(spec_file.read_text())
+        runner = Connection(
+            spec.server_url,
+            spec.token,
+            on_stop=lambda reason: None,
+            server_certificate=spec.server_certificate,
+            server_socket=spec.server_socket,
+        )
+        runner.open_session()
+        runner.call("POST", f"{RUNNER_API}/ready", json={"pid": os.getpid()})
+        return runner
+
 
 class Bench:
     """One instance whose runner is this script (the spec's launch secret, then a session
@@ -132,21 +152,7 @@ class Bench:
         box = self.client.instances.create(
             InstanceCreate(name="box", gpu="T4:1", template="python")
         )
-        spec_file = platform.spec_dir / f"{box.id}.json"
-        for _ in range(600):
-            if spec_file.exists():
-                break
-            time.sleep(0.1)
-        spec = RunnerSpec.from_json(spec_file.read_text())
-        self.runner = Connection(
-            spec.server_url,
-            spec.token,
-            on_stop=lambda reason: None,
-            server_certificate=spec.server_certificate,
-            server_socket=spec.server_socket,
-        )
-        self.runner.open_session()
-        self.runner.call("POST", f"{RUNNER_API}/ready", json={"pid": os.getpid()})
+        self.runner = platform.runner(box.id)
         self.run_id = self.client.runs.create("box", RunCreate(command="sleep 3600")).id
         while not self._commanded():
             pass

@@ -41,8 +41,7 @@ import temp_platform  # noqa: E402
 from metrics_ingest import HandoffPlatform  # noqa: E402
 from results import emit  # noqa: E402
 
-from gpulease.runner.connection import Connection  # noqa: E402
-from gpulease.schemas.runner import RUNNER_API, RunnerSpec  # noqa: E402
+from gpulease.schemas.runner import RUNNER_API  # noqa: E402
 from processes import free_port  # noqa: E402
 
 COMMANDS = f"{RUNNER_API}/commands?wait=0"
@@ -112,14 +111,11 @@ def gpulease_server(root: Path, name: str, pythonpath: str | None) -> Iterator[T
             "register", "--server", platform.url, "--name", "bench", "--password", "password-123"
         )
         token = json.loads((root / "cli.json").read_text())["token"]
-        platform.cli("instance", "create", "--name", "box", "--gpu", "T4:1", "--template", "python")
-        deadline = time.monotonic() + 60
-        while not (specs := sorted(platform.spec_dir.glob("*.json"))):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no launch spec: {platform.log_path.read_text()[-2000:]}")
-            time.sleep(0.1)
-        spec = RunnerSpec.from_json(specs[0].read_text())
-        runner = Connection(spec.server_url, spec.token, on_stop=lambda reason: None)
+        box = platform.cli_json(
+            "instance", "create", "--name", "box", "--gpu", "T4:1", "--template", "python"
+        )
+        assert isinstance(box, dict)
+        runner = platform.runner(int(box["id"]))
         done = threading.Event()
 
         def heartbeats() -> None:  # as a runner's own thread does: the instance stays alive
@@ -128,8 +124,6 @@ def gpulease_server(root: Path, name: str, pythonpath: str | None) -> Iterator[T
 
         beating = threading.Thread(target=heartbeats, daemon=True)
         with contextlib.closing(runner):
-            runner.open_session()  # as a runner does: its token is now one only it knows
-            runner.call("POST", f"{RUNNER_API}/ready", json={"pid": os.getpid()})
             beating.start()
             assert platform.proc is not None
             try:
