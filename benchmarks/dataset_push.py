@@ -277,7 +277,7 @@ def bench_node(root: Path, tree: Path, args: argparse.Namespace, console: Consol
         with console.status("node side: pushing the tree to a server of its own"):
             node = stack.enter_context(nodes(home, tree, {"materialise": SOURCE}))
         with console.status(f"materialise and tar xf in turns, {args.runs} runs"):
-            times, _ = in_turns(home, tree, node, args.runs, lambda line: None)
+            times, _, _ = in_turns(home, tree, node, args.runs, lambda line: None)
     materialised, extracted = times["materialise"], times["tar xf"]
     version_dir, plain = home / "last-materialise", home / "last-tar-xf"
     jobs: list[float] = []
