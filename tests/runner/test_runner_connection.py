@@ -224,6 +224,9 @@ def test_a_large_body_is_read_whole() -> None:
 
     response = connect(handler, []).call("POST", "/runner/v1/datasets/1/versions/1/chunks")
     assert response.status_code == 200 and response.content == LARGE
+    # The buffer it was read into is the body: no bytes copy of it is made.
+    assert isinstance(response.content, bytearray)
+    assert response.read() is response.content
 
 
 def test_a_large_body_cut_short_or_overlong_is_asked_for_again() -> None:

@@ -310,7 +310,10 @@ _BUFFERED_BODY = 1024 * 1024
 
 
 def _read_whole(response: httpx.Response) -> httpx.Response:
-    """The response with its whole body read."""
+    """The response with its whole body read. A large body is that buffer itself, a
+    bytearray as its `content` (bytes-like: json(), text and slicing work on it), not a
+    bytes copy of it: the copy, a fresh allocation of 10 MB for each pack, was as much of the
+    runner's time as reading the pack."""
     declared = response.headers.get("content-length", "")
     if (
         response.is_stream_consumed  # an in-process transport hands the body over whole
@@ -329,10 +332,11 @@ def _read_whole(response: httpx.Response) -> httpx.Response:
         at += len(piece)
     if at != len(body):
         raise httpx.RemoteProtocolError(f"the body ended after {at} of {len(body)} bytes")
-    return httpx.Response(
+    whole = httpx.Response(
         response.status_code,
         headers=response.headers,
-        content=bytes(body),
         request=response.request,
         extensions=response.extensions,
     )
+    whole._content = body  # type: ignore[assignment]  # what read() sets, without its copy
+    return whole

@@ -34,6 +34,7 @@ from gpulease.server.routers.deps import (
     SessionDep,
     runtime,
 )
+from gpulease.server.routers.pieces import PiecesResponse
 from gpulease.server.services.datasets import commits, library, mounts, quota, uploads
 from gpulease.server.services.datasets.vault import Vault
 from gpulease.storage import file_lists
@@ -275,4 +276,4 @@ def runner_chunks(
     data = mounts.runner_chunks(
         runtime(request).sessions, vault_of(request), instance, dataset_id, number, body.chunks
     )
-    return Response(data, media_type=PACK)
+    return PiecesResponse(data, media_type=PACK)

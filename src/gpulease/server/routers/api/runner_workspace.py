@@ -28,6 +28,7 @@ from gpulease.schemas.runner import (
 from gpulease.server.routers.api.clock import Now
 from gpulease.server.routers.api.datasets import PACK, read_capped, vault_of
 from gpulease.server.routers.deps import DetachedRunnerInstance, RunnerInstance, SessionDep, runtime
+from gpulease.server.routers.pieces import PiecesResponse
 from gpulease.server.services import workspaces
 from gpulease.storage.chunking import PackError
 
@@ -108,4 +109,4 @@ def fetch(body: RunnerChunkRequest, instance: DetachedRunnerInstance, request: R
     data = workspaces.fetch_chunks(
         runtime(request).sessions, vault_of(request), instance.id, body.chunks
     )
-    return Response(data, media_type=PACK)
+    return PiecesResponse(data, media_type=PACK)
