@@ -35,6 +35,8 @@ import secrets
 import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import tempfile
 import threading
@@ -89,9 +91,85 @@ def find_tool(name: str) -> str | None:
     return shutil.which(name, path=path)
 
 
+# rtnetlink (linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h)
+_NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, sequence, port
+_IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
+_RTATTR = struct.Struct("=HH")  # length, type
+_NLMSG_ERROR, _NLMSG_DONE, _RTM_NEWADDR, _RTM_GETADDR = 2, 3, 20, 22
+_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_IFA_ADDRESS, _IFA_LOCAL = 1, 2
+_NETLINK_RECV_BYTES = 1 << 18
+
+
 def host_addresses() -> list[str]:
-    """This host's own IPv4 interface addresses (`ip -j -4 addr`): slirp's NAT would reach
-    whatever listens on them, loopback-only or not."""
+    """This host's own IPv4 interface addresses, every address of every interface: slirp's
+    NAT would reach whatever listens on them, loopback-only or not. Read from the kernel
+    over rtnetlink, as `ip -4 addr` reads them (it is asked before each process an instance
+    starts: a run, a terminal; starting `ip` took a few milliseconds of each); `ip` itself
+    where rtnetlink cannot be used."""
+    try:
+        return _netlink_addresses()
+    except OSError as exc:
+        log.warning("reading the host's addresses over rtnetlink failed (%s); asking ip", exc)
+        return _ip_addresses()
+
+
+def _netlink_addresses() -> list[str]:
+    """The IPv4 addresses of an RTM_GETADDR dump (each one's IFA_LOCAL, the interface's own
+    end: IFA_ADDRESS is the peer's on a point-to-point link; IFA_ADDRESS when it is alone)."""
+    sequence = secrets.randbelow(1 << 31) + 1
+    request = _IFADDRMSG.pack(socket.AF_INET, 0, 0, 0, 0)
+    header = _NLMSG_HEADER.pack(
+        _NLMSG_HEADER.size + len(request), _RTM_GETADDR, _NLM_F_REQUEST | _NLM_F_DUMP, sequence, 0
+    )
+    addresses: set[str] = set()
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(COMMAND_TIMEOUT_S)
+        sock.connect((0, 0))  # the kernel
+        sock.send(header + request)
+        while True:
+            data, _ancillary, flags, _sender = sock.recvmsg(_NETLINK_RECV_BYTES)
+            if flags & socket.MSG_TRUNC:
+                raise OSError("an rtnetlink answer was cut short")
+            at = 0
+            while at + _NLMSG_HEADER.size <= len(data):
+                length, kind, _, seq, _ = _NLMSG_HEADER.unpack_from(data, at)
+                if length < _NLMSG_HEADER.size or at + length > len(data):
+                    raise OSError("a malformed rtnetlink message")
+                body = data[at + _NLMSG_HEADER.size : at + length]
+                at += (length + 3) & ~3
+                if seq != sequence:
+                    continue
+                if kind == _NLMSG_DONE:
+                    return sorted(addresses)
+                if kind == _NLMSG_ERROR:
+                    (code,) = struct.unpack_from("=i", body) if len(body) >= 4 else (-1,)
+                    raise OSError(-code, "rtnetlink refused the address dump")
+                if kind == _RTM_NEWADDR and len(body) >= _IFADDRMSG.size:
+                    address = _ipv4_of(body)
+                    if address is not None:
+                        addresses.add(address)
+
+
+def _ipv4_of(body: bytes) -> str | None:
+    """The address an RTM_NEWADDR message body gives (None for any other family)."""
+    if body[0] != socket.AF_INET:
+        return None
+    found: dict[int, bytes] = {}
+    at = _IFADDRMSG.size
+    while at + _RTATTR.size <= len(body):
+        length, kind = _RTATTR.unpack_from(body, at)
+        if length < _RTATTR.size or at + length > len(body):
+            break
+        if kind in (_IFA_ADDRESS, _IFA_LOCAL) and length - _RTATTR.size == 4:
+            found[kind] = body[at + _RTATTR.size : at + length]
+        at += (length + 3) & ~3
+    packed = found.get(_IFA_LOCAL) or found.get(_IFA_ADDRESS)
+    return socket.inet_ntoa(packed) if packed else None
+
+
+def _ip_addresses() -> list[str]:
+    """host_addresses() from `ip -j -4 addr`."""
     ip = find_tool("ip")
     if ip is None:
         return []
