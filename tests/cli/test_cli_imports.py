@@ -65,6 +65,26 @@ def test_the_quick_exec_path_imports_no_http_library_models_or_typer() -> None:
     loaded = loaded_modules("import gpulease.cli.entry, gpulease.client.quickexec")
     assert under(loaded, ("httpx", "pydantic", "typer", "rich", "click", *SERVER_SIDE)) == []
     assert under(loaded, ("gpulease.schemas", "gpulease.client.api")) == []
+    # Nor the standard library's slower parts: http.client (with the email package),
+    # dataclasses (with inspect), and for an http server ssl and hashlib, which together
+    # took longer to import than the exec took to answer.
+    slow = ("http", "email", "dataclasses", "inspect", "ssl", "_ssl", "hashlib")
+    assert under(loaded, slow) == []
+
+
+def test_an_https_quick_exec_loads_ssl_only_to_wrap_its_socket() -> None:
+    code = (
+        "import socket, threading\nfrom gpulease.client import quickexec\n"
+        "listener = socket.create_server(('127.0.0.1', 0))\n"
+        "threading.Thread(target=lambda: listener.accept()[0].close(), daemon=True).start()\n"
+        "url = f'https://127.0.0.1:{listener.getsockname()[1]}'\n"
+        "try:\n"
+        "    quickexec.call_json(url, 't', None, 'GET', '/me')\n"
+        "except quickexec.ClientError as exc:\n"
+        "    print(type(exc).__name__, file=sys.stderr)"
+    )
+    loaded = loaded_modules(code)
+    assert "ssl" in loaded and under(loaded, ("http", "email", "dataclasses")) == []
 
 
 def test_each_command_listed_by_help_has_that_help() -> None:

@@ -79,6 +79,8 @@ def test_the_cli_pins_the_certificate_and_refuses_a_changed_one(tls_platform: Pl
     assert "has CHANGED" in changed.stderr and fingerprint in changed.stderr
     new = pem_fingerprint((p.home / "tls" / "cert.pem").read_text())
     assert new in changed.stderr.replace("\n", "")
+    quick = p.cli("run", "--gpu", "T4:1", "--", "echo never", check=False)  # the quick path
+    assert quick.returncode == 1 and "has CHANGED" in quick.stderr, quick.stderr
 
     login = p.cli("login", "--server", p.url, "--name", "ann", "--password", PASSWORD, check=False)
     assert login.returncode == 1 and "has CHANGED" in login.stderr  # the pin holds

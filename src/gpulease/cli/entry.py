@@ -1,5 +1,5 @@
 """The `gpulease` program: `gpulease exec REF -- COMMAND` on a running instance takes a quick
-path that imports only the standard library's HTTP client (client/quickexec.py), and so do
+path that imports only a little of the standard library (client/quickexec.py), and so do
 the first two requests of `gpulease run --gpu G -- COMMAND`; every other command, any exec
 this path does not finish and the rest of such a run are the Typer app of cli/main.py.
 
@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -30,15 +29,13 @@ PLACED_POLL_S = 0.05
 PLACED_WAIT_S = 2.0
 
 
-@dataclass(frozen=True)
-class ExecRequest:
+class ExecRequest(NamedTuple):
     ref: str
     command: list[str]
     env: dict[str, str]
 
 
-@dataclass(frozen=True)
-class RunRequest:
+class RunRequest(NamedTuple):
     command: list[str]
     env: dict[str, str]
     gpu: str | None

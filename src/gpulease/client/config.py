@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from gpulease.client.errors import ClientError
@@ -18,8 +18,7 @@ TOKEN_ENV = "GPULEASE_TOKEN"
 PINS_KEY = "trusted_certificates"
 
 
-@dataclass(frozen=True)
-class Login:
+class Login(NamedTuple):
     """Where to talk to and as whom. `user` is the account name, kept for display only."""
 
     server: str | None = None
@@ -99,7 +98,7 @@ def save_login(login: Login, path: Path | None = None) -> Path:
     """Write the login atomically, readable by its owner only (0600, in a 0700 directory).
     Pinned server certificates in the file are kept."""
     path = path or config_path()
-    data: dict[str, object] = {k: v for k, v in vars(login).items() if v is not None}
+    data: dict[str, object] = {k: v for k, v in login._asdict().items() if v is not None}
     try:
         pins = _read_object(path).get(PINS_KEY)
     except ClientError:
@@ -109,8 +108,7 @@ def save_login(login: Login, path: Path | None = None) -> Path:
     return _write_object(data, path)
 
 
-@dataclass(frozen=True)
-class TrustedCertificate:
+class TrustedCertificate(NamedTuple):
     """A server certificate the user confirmed (by its fingerprint) at the first login."""
 
     fingerprint: str

@@ -1,33 +1,32 @@
 """`POST /instances/{ref}/exec` over the standard library alone, for the CLI's quick path.
 
 httpx and pydantic take several times longer to import than Python takes to start, so the
-CLI's `gpulease exec` (cli/entry.py) makes its one request with http.client and reads the
-answer's events as JSON. It is the request RunsAPI.exec (client/runs.py) makes; whatever
-this module does not do (proxies, resuming a broken answer, explaining a failed run) the
-CLI hands over to the SDK, given the run this request created.
+CLI's `gpulease exec` (cli/entry.py) makes its one request with client/http11.py (a socket,
+and the ssl module only for an https server) and reads the answer's events as JSON. It is
+the request RunsAPI.exec (client/runs.py) makes; whatever this module does not do (proxies,
+resuming a broken answer, explaining a failed run) the CLI hands over to the SDK, given the
+run this request created.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import ssl
+import socket
+import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote, urlsplit
 
 from gpulease.client.config import TrustedCertificate, normalize_server_url
 from gpulease.client.errors import ApiError, ClientError, ServerUnreachable, refusal_text
+from gpulease.client.http11 import Answer, HttpError, exchange
 from gpulease.client.sse import SseMessage, parse_sse
 from gpulease.client.trust import (
     CertificateChanged,
     UntrustedCertificate,
-    ca_context,
     certificate_problem,
     changed_message,
-    pinned_context,
     untrusted_message,
 )
 
@@ -36,14 +35,14 @@ PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 CONNECT_TIMEOUT_S = 30.0
 # The server sends a keep-alive comment on an idle stream every ~15 s.
 READ_TIMEOUT_S = 60.0
+REFUSAL_BYTES = 64 * 1024  # of a refusal's body, read for its message
 
 
 class Declined(Exception):
     """This request is the SDK's to make (a proxy is configured, for one); nothing was sent."""
 
 
-@dataclass(frozen=True)
-class QuickExec:
+class QuickExec(NamedTuple):
     """An exec the server accepted: its first event, then the rest as they come."""
 
     started: dict[str, Any]  # ExecStarted's JSON: {"run": {...}, "instance_status": ...}
@@ -67,12 +66,9 @@ def open_exec(
     CertificateChanged or UntrustedCertificate, all before any output; Declined when the
     SDK should send it instead."""
     path = f"/api/v1/instances/{quote(ref, safe='')}/exec"
-    url, connection, response = _send(
-        server_url, token, trusted, "POST", path, body, "text/event-stream"
-    )
-    if connection.sock is not None:
-        connection.sock.settimeout(READ_TIMEOUT_S)
-    messages = parse_sse(_lines(connection, response))
+    url, answer = _send(server_url, token, trusted, "POST", path, body, "text/event-stream")
+    answer.sock.settimeout(READ_TIMEOUT_S)
+    messages = parse_sse(_lines(answer))
     first = next(messages, None)
     try:
         if first is None or first.event != "run":
@@ -81,7 +77,7 @@ def open_exec(
         int(started["run"]["id"])
         str(started["instance_status"])
     except (ValueError, KeyError, TypeError) as exc:
-        connection.close()
+        answer.close()
         raise _unexpected(url, path, exc) from exc
     return QuickExec(started, first.data, messages)
 
@@ -91,12 +87,11 @@ def open_stream(
 ) -> Iterator[SseMessage]:
     """GET path (from /api/v1 on) as an event stream: its events as they come, until it
     ends or breaks. Raises as open_exec does before the first event."""
-    _, connection, response = _send(
+    _, answer = _send(
         server_url, token, trusted, "GET", f"/api/v1{path}", None, "text/event-stream"
     )
-    if connection.sock is not None:
-        connection.sock.settimeout(READ_TIMEOUT_S)
-    return parse_sse(_lines(connection, response))
+    answer.sock.settimeout(READ_TIMEOUT_S)
+    return parse_sse(_lines(answer))
 
 
 def call_json(
@@ -109,16 +104,16 @@ def call_json(
 ) -> dict[str, Any]:
     """One API request (path from /api/v1 on) and its JSON object answer; refusals and no
     answer raise as open_exec's do, Declined likewise before anything is sent."""
-    url, connection, response = _send(server_url, token, trusted, method, f"/api/v1{path}", body)
+    url, answer = _send(server_url, token, trusted, method, f"/api/v1{path}", body)
     try:
-        answer = json.loads(response.read())
-        if not isinstance(answer, dict):
+        found = json.loads(answer.read())
+        if not isinstance(found, dict):
             raise ValueError("the answer is not a JSON object")
-    except (OSError, http.client.HTTPException, ValueError) as exc:
+    except (OSError, HttpError, ValueError) as exc:
         raise _unexpected(url, path, exc) from exc
     finally:
-        connection.close()
-    return answer
+        answer.close()
+    return found
 
 
 def _send(
@@ -129,38 +124,49 @@ def _send(
     path: str,
     body: dict[str, Any] | None,
     accept: str = "application/json",
-) -> tuple[str, http.client.HTTPConnection, http.client.HTTPResponse]:
-    """The request sent and its answer's status and headers read: the server's URL, the
-    connection and the answer; a refusal raises ApiError (the connection closed)."""
+) -> tuple[str, Answer]:
+    """The request sent and its answer's status and headers read: the server's URL and the
+    answer; a refusal raises ApiError (the connection closed)."""
     if any(os.environ.get(name) or os.environ.get(name.upper()) for name in PROXY_VARIABLES):
         raise Declined("a proxy is configured")
     url = normalize_server_url(server_url)
     parts = urlsplit(url)
     host = parts.hostname or ""
-    connection: http.client.HTTPConnection
-    if parts.scheme == "https":
-        context = pinned_context(trusted.pem) if trusted is not None else ca_context()
-        connection = http.client.HTTPSConnection(
-            host, parts.port or 443, timeout=CONNECT_TIMEOUT_S, context=context
-        )
-    else:
-        connection = http.client.HTTPConnection(host, parts.port or 80, timeout=CONNECT_TIMEOUT_S)
     headers = {"Authorization": f"Bearer {token}", "Accept": accept}
     payload = None
     if body is not None:
         headers["Content-Type"] = "application/json"
         payload = json.dumps(body).encode()
+    sock: socket.socket | None = None
     try:
-        connection.request(method, f"{parts.path}{path}", body=payload, headers=headers)
-        response = connection.getresponse()
-    except (OSError, http.client.HTTPException) as exc:
-        connection.close()
+        sock = socket.create_connection(
+            (host, parts.port or (443 if parts.scheme == "https" else 80)), CONNECT_TIMEOUT_S
+        )
+        if parts.scheme == "https":
+            sock = _tls(sock, host, trusted)
+        netloc = parts.netloc.rpartition("@")[2]
+        answer = exchange(sock, method, netloc, f"{parts.path}{path}", headers, payload)
+    except (OSError, HttpError) as exc:
+        if sock is not None:
+            sock.close()
         raise _unreachable(url, trusted, exc) from exc
-    if response.status >= 400:
-        text = refusal_text(response.status, response.reason, response.read())
-        connection.close()
-        raise ApiError(response.status, text)
-    return url, connection, response
+    if answer.status >= 400:
+        try:
+            text = refusal_text(answer.status, answer.reason, answer.read(REFUSAL_BYTES))
+        except (OSError, HttpError):
+            text = refusal_text(answer.status, answer.reason, b"")
+        answer.close()
+        raise ApiError(answer.status, text)
+    return url, answer
+
+
+def _tls(sock: socket.socket, host: str, trusted: TrustedCertificate | None) -> socket.socket:
+    """sock wrapped in TLS: the pinned certificate alone when there is one, else the
+    authorities httpx trusts (trust.ca_context)."""
+    from gpulease.client.trust import ca_context, pinned_context
+
+    context = pinned_context(trusted.pem) if trusted is not None else ca_context()
+    return context.wrap_socket(sock, server_hostname=host)
 
 
 def _unexpected(url: str, path: str, exc: BaseException) -> ClientError:
@@ -170,18 +176,16 @@ def _unexpected(url: str, path: str, exc: BaseException) -> ClientError:
     )
 
 
-def _lines(
-    connection: http.client.HTTPConnection, response: http.client.HTTPResponse
-) -> Iterator[str]:
+def _lines(answer: Answer) -> Iterator[str]:
     """The answer's text lines without their ends, until it ends or the connection breaks;
     the connection is closed after."""
     try:
-        while line := response.readline():
+        while line := answer.readline():
             yield line.decode("utf-8", "replace").rstrip("\r\n")
-    except (OSError, http.client.HTTPException):
+    except (OSError, HttpError):
         return  # the caller sees that the run's end never came
     finally:
-        connection.close()
+        answer.close()
 
 
 def _unreachable(url: str, trusted: TrustedCertificate | None, exc: BaseException) -> ClientError:
@@ -192,6 +196,9 @@ def _unreachable(url: str, trusted: TrustedCertificate | None, exc: BaseExceptio
         return UntrustedCertificate(untrusted_message(url))
     if isinstance(exc, TimeoutError):
         return ServerUnreachable(url, f"no answer within {CONNECT_TIMEOUT_S:g} s")
-    if isinstance(exc, ssl.SSLError):
-        return ServerUnreachable(url, f"TLS failed: {exc}")
+    if "ssl" in sys.modules:  # loaded for an https server only
+        import ssl
+
+        if isinstance(exc, ssl.SSLError):
+            return ServerUnreachable(url, f"TLS failed: {exc}")
     return ServerUnreachable(url, str(exc) or type(exc).__name__)

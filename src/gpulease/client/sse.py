@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class SseMessage:
+class SseMessage(NamedTuple):
     id: str | None
     event: str
     data: str

@@ -9,15 +9,19 @@ certificate later is refused with CertificateChanged.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import socket
-import ssl
-from dataclasses import dataclass
+import sys
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlsplit
 
 from gpulease.client.errors import ClientError
+
+if TYPE_CHECKING:
+    import ssl
+
+# ssl, hashlib and socket are imported where they are used: the CLI's quick path reads the
+# pinned certificate from here and needs none of them for a plain http server.
 
 FINGERPRINT_ENV = "GPULEASE_TRUST_FINGERPRINT"
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -35,11 +39,15 @@ class CertificateChanged(ClientError):
 def certificate_fingerprint(der: bytes) -> str:
     """SHA-256 of a DER certificate as `AB:CD:…` (how `openssl x509 -fingerprint -sha256`
     and browsers show it)."""
+    import hashlib
+
     digest = hashlib.sha256(der).hexdigest().upper()
     return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
 
 
 def pem_fingerprint(pem: str) -> str:
+    import ssl
+
     return certificate_fingerprint(ssl.PEM_cert_to_DER_cert(pem))
 
 
@@ -56,6 +64,8 @@ def pinned_context(pem: str) -> ssl.SSLContext:
     """A client context that trusts exactly this certificate and nothing else. The host
     name is not checked: the pinned certificate is the server's identity, whatever name
     or address reaches it."""
+    import ssl
+
     context = ssl.create_default_context(cadata=pem)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_REQUIRED
@@ -65,6 +75,8 @@ def pinned_context(pem: str) -> ssl.SSLContext:
 def ca_context() -> ssl.SSLContext:
     """A client context that verifies servers against the CAs httpx trusts by default
     (httpx.create_ssl_context): SSL_CERT_FILE, else SSL_CERT_DIR, else certifi's bundle."""
+    import ssl
+
     import certifi
 
     if os.environ.get("SSL_CERT_FILE"):
@@ -81,8 +93,7 @@ def address(url: str) -> str:
     return f"{host}:{parts.port or 443}"
 
 
-@dataclass(frozen=True)
-class PresentedCertificate:
+class PresentedCertificate(NamedTuple):
     """What a server showed in a handshake; `ca_verified` when a trusted authority signed
     it for the host name in the URL."""
 
@@ -93,6 +104,9 @@ class PresentedCertificate:
 
 def fetch_certificate(url: str, timeout: float = HANDSHAKE_TIMEOUT_S) -> PresentedCertificate:
     """Handshake with an https server, sending nothing, and report its certificate."""
+    import socket
+    import ssl
+
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or 443
@@ -119,6 +133,9 @@ def fetch_certificate(url: str, timeout: float = HANDSHAKE_TIMEOUT_S) -> Present
 
 
 def _unverified_certificate(host: str, port: int, timeout: float) -> bytes | None:
+    import socket
+    import ssl
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -134,7 +151,11 @@ def _unverified_certificate(host: str, port: int, timeout: float) -> bytes | Non
 
 def certificate_problem(exc: BaseException) -> ssl.SSLCertVerificationError | None:
     """The certificate verification failure behind an error (httpx's or the standard
-    library's), if that is what it is."""
+    library's), if that is what it is (none can be while ssl was never loaded)."""
+    if "ssl" not in sys.modules:
+        return None
+    import ssl
+
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, ssl.SSLCertVerificationError):
