@@ -11,7 +11,8 @@ template, already built; the sandbox when bubblewrap works here):
   loopback with free ports, dashboard included) → its `hi`, taken in turns.
 - `gpulease --help` to its exit, beside `python -c pass`.
 
-Medians of N (default 20; `--run-n`, default 10, for the two runs).
+Medians of N (default 20; `--run-n`, default 10, for the two runs). gpulease's modules are
+compiled to bytecode first, as installing the package does.
 
     .venv/bin/python benchmarks/launch_latency.py [-n 20] [--run-n 10] [--no-ray]
 """
@@ -36,7 +37,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from results import emit
-from temp_platform import sqlite_platform
+from temp_platform import byte_compile, sqlite_platform
 
 from gpulease.runner.sandbox import probe  # noqa: E402
 from processes import BIN, Platform, free_port  # noqa: E402
@@ -165,6 +166,7 @@ def main() -> None:
     parser.add_argument("--no-ray", action="store_true", help="leave Ray's baseline out")
     args = parser.parse_args()
     console = Console()
+    byte_compile()
     gl = str(BIN / "gpulease")
     run_argv = [gl, "run", "--gpu", "A100-80GB:1", "--template", "python", "--", "echo hi"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,3 +31,17 @@ def sqlite_platform(
         config=root / "cli.json",
         extra_env=dict(extra_env or {}),
     )
+
+
+def byte_compile() -> None:
+    """gpulease's modules compiled to bytecode beside their sources, as pip does when it
+    installs the package: a checkout used with PYTHONDONTWRITEBYTECODE set (or never imported
+    before) would compile them again in every process the benchmark starts, and a renter's
+    installed CLI does not."""
+    import compileall
+
+    import gpulease
+
+    package = Path(gpulease.__file__).parent
+    if not compileall.compile_dir(package, quiet=1):
+        raise RuntimeError(f"compiling {package} failed")

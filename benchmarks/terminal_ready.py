@@ -33,7 +33,7 @@ from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from results import emit
-from temp_platform import sqlite_platform
+from temp_platform import byte_compile, sqlite_platform
 
 from gpulease.runner.sandbox import probe  # noqa: E402
 from gpulease.server.routers.ui.jupyter_proxy import JUPYTER_COOKIE  # noqa: E402
@@ -160,6 +160,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=5)
     args = parser.parse_args()
+    byte_compile()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         platform = sqlite_platform(root, "T4:1")
