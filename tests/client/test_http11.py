@@ -140,6 +140,7 @@ def test_a_head_that_is_not_http11_is_refused(
         (b"Transfer-Encoding: chunked", b"zz\r\nhello\r\n0\r\n\r\n", "malformed chunk size"),
         (b"Transfer-Encoding: chunked", b"a\r\nhello", "ended inside a chunk"),
         (b"Transfer-Encoding: chunked", b"3\r\nhello\r\n0\r\n\r\n", "does not end where"),
+        (b"Transfer-Encoding: chunked", b"5\r\nhello", "before the answer's body ended"),
     ],
 )
 def test_a_body_cut_short_or_misframed_is_refused(

@@ -74,3 +74,12 @@ def test_without_rtnetlink_ip_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(netns, "_netlink_addresses", refused)
     monkeypatch.setattr(netns, "_ip_addresses", lambda: ["192.0.2.9"])
     assert netns.host_addresses() == ["192.0.2.9"]
+
+
+def test_an_interrupted_dump_is_asked_again_and_then_ip(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers: list[list[str] | None] = [None, None, ["10.0.0.7"]]
+    monkeypatch.setattr(netns, "_netlink_dump", lambda: answers.pop(0))
+    assert netns.host_addresses() == ["10.0.0.7"] and answers == []
+    monkeypatch.setattr(netns, "_netlink_dump", lambda: None)
+    monkeypatch.setattr(netns, "_ip_addresses", lambda: ["192.0.2.9"])
+    assert netns.host_addresses() == ["192.0.2.9"]

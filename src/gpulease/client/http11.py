@@ -86,12 +86,12 @@ def exchange(
         raise
 
 
-def _line(stream: io.BufferedReader) -> bytes:
+def _line(stream: io.BufferedReader, within: str = "head") -> bytes:
     line = stream.readline(MAX_HEADER_LINE + 1)
     if len(line) > MAX_HEADER_LINE:
         raise HttpError(f"a line of the answer is longer than {MAX_HEADER_LINE} bytes")
     if not line:
-        raise HttpError("the connection closed before the answer's head ended")
+        raise HttpError(f"the connection closed before the answer's {within} ended")
     return line
 
 
@@ -206,7 +206,7 @@ class _Chunked(io.RawIOBase):
         if self._ended or not len(buffer):
             return 0
         if self._left == 0:
-            size = _line(self._stream).split(b";", 1)[0].strip()
+            size = _line(self._stream, "body").split(b";", 1)[0].strip()
             try:
                 self._left = int(size, 16)
             except ValueError:
@@ -220,7 +220,7 @@ class _Chunked(io.RawIOBase):
             raise HttpError("the answer's body ended inside a chunk")
         buffer[: len(data)] = data
         self._left -= len(data)
-        if self._left == 0 and _line(self._stream) not in (b"\r\n", b"\n"):
+        if self._left == 0 and _line(self._stream, "body") not in (b"\r\n", b"\n"):
             raise HttpError("a chunk does not end where its size says")
         return len(data)
 

@@ -96,7 +96,8 @@ _NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, sequence, port
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
 _RTATTR = struct.Struct("=HH")  # length, type
 _NLMSG_ERROR, _NLMSG_DONE, _RTM_NEWADDR, _RTM_GETADDR = 2, 3, 20, 22
-_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_NLM_F_REQUEST, _NLM_F_DUMP, _NLM_F_DUMP_INTR = 0x1, 0x300, 0x10
+_NETLINK_TRIES = 3  # dumps interrupted by a change of the addresses are asked again
 _IFA_ADDRESS, _IFA_LOCAL = 1, 2
 _NETLINK_RECV_BYTES = 1 << 18
 
@@ -116,13 +117,25 @@ def host_addresses() -> list[str]:
 
 def _netlink_addresses() -> list[str]:
     """The IPv4 addresses of an RTM_GETADDR dump (each one's IFA_LOCAL, the interface's own
-    end: IFA_ADDRESS is the peer's on a point-to-point link; IFA_ADDRESS when it is alone)."""
+    end: IFA_ADDRESS is the peer's on a point-to-point link; IFA_ADDRESS when it is alone).
+    A dump the kernel marks as interrupted (the addresses changed while it was sent) may
+    lack one, so it is asked again."""
+    for _ in range(_NETLINK_TRIES):
+        found = _netlink_dump()
+        if found is not None:
+            return found
+    raise OSError("the address dump was interrupted every time")
+
+
+def _netlink_dump() -> list[str] | None:
+    """One dump's addresses; None when the kernel marked it interrupted."""
     sequence = secrets.randbelow(1 << 31) + 1
     request = _IFADDRMSG.pack(socket.AF_INET, 0, 0, 0, 0)
     header = _NLMSG_HEADER.pack(
         _NLMSG_HEADER.size + len(request), _RTM_GETADDR, _NLM_F_REQUEST | _NLM_F_DUMP, sequence, 0
     )
     addresses: set[str] = set()
+    interrupted = False
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC) as sock:
         sock.settimeout(COMMAND_TIMEOUT_S)
         sock.connect((0, 0))  # the kernel
@@ -133,15 +146,16 @@ def _netlink_addresses() -> list[str]:
                 raise OSError("an rtnetlink answer was cut short")
             at = 0
             while at + _NLMSG_HEADER.size <= len(data):
-                length, kind, _, seq, _ = _NLMSG_HEADER.unpack_from(data, at)
+                length, kind, message_flags, seq, _ = _NLMSG_HEADER.unpack_from(data, at)
                 if length < _NLMSG_HEADER.size or at + length > len(data):
                     raise OSError("a malformed rtnetlink message")
                 body = data[at + _NLMSG_HEADER.size : at + length]
                 at += (length + 3) & ~3
                 if seq != sequence:
                     continue
+                interrupted |= bool(message_flags & _NLM_F_DUMP_INTR)
                 if kind == _NLMSG_DONE:
-                    return sorted(addresses)
+                    return None if interrupted else sorted(addresses)
                 if kind == _NLMSG_ERROR:
                     (code,) = struct.unpack_from("=i", body) if len(body) >= 4 else (-1,)
                     raise OSError(-code, "rtnetlink refused the address dump")
