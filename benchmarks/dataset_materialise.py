@@ -169,22 +169,22 @@ class Nodes:
         seconds, all threads), "user" (of those, in user mode), "directory" (the
         version's)}."""
         source, home, _ = self.servers[name]
-        argv = [*_python(), "--materialise", str(home), "--cache", str(cache)]
+        argv = self._runner_argv(home, cache)
         if profile:
             argv += ["--profile", str(profile)]
-        if self.fetch_only:
-            argv.append("--fetch-only")
         done = subprocess.run(argv, env=_env(source), capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"the {name} runner failed: {done.stderr[-3000:]}")
         return json.loads(done.stdout.splitlines()[-1])
 
+    def _runner_argv(self, home: Path, cache: Path) -> list[str]:
+        argv = [*_python(), "--materialise", str(home), "--cache", str(cache)]
+        return [*argv, "--fetch-only"] if self.fetch_only else argv
+
     def spy(self, name: str, cache: Path, out: Path) -> None:
         source, home, server = self.servers[name]
-        argv = [*_python(), "--materialise", str(home), "--cache", str(cache)]
-        if self.fetch_only:
-            argv.append("--fetch-only")
-        runner = subprocess.Popen(argv, env=_env(source) | {"GPULEASE_BENCH_WAIT": "1"})
+        wait = _env(source) | {"GPULEASE_BENCH_WAIT": "1"}
+        runner = subprocess.Popen(self._runner_argv(home, cache), env=wait)
         spies = [
             subprocess.Popen(
                 [str(Path(sys.executable).parent / "py-spy"), "record", "--gil", "--threads"]
@@ -340,12 +340,13 @@ def materialise_once(
     if os.environ.get("GPULEASE_BENCH_WAIT"):
         time.sleep(1)  # py-spy attaches
     profiler = cProfile.Profile() if profile else None
-    started, cpu, times = time.perf_counter(), time.process_time(), os.times()
+    started, before = time.perf_counter(), os.times()
     if profiler:
         profiler.enable()
     found = materialise(spec, connection, lambda message: None)
-    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-    user = os.times().user - times.user
+    seconds, after = time.perf_counter() - started, os.times()
+    user = after.user - before.user
+    cpu = user + after.system - before.system
     if profiler and profile:
         profiler.disable()
         profiler.dump_stats(profile)

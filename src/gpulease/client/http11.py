@@ -158,9 +158,9 @@ class _Framed(io.BufferedIOBase):
             return self._stream.read(-1 if size is None else size)
         want = self._left if size is None or size < 0 else min(size, self._left)
         data = self._stream.read(want)  # all of it, unless the connection closed first
-        self._count(data, want)
         if len(data) < want:
-            raise HttpError(f"the answer's body ended {self._left} bytes early")
+            raise HttpError(f"the answer's body ended {self._left - len(data)} bytes early")
+        self._left -= len(data)
         return data
 
     def read1(self, size: int = -1) -> bytes:
