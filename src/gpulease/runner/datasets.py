@@ -9,6 +9,9 @@ A version lands in <dataset_cache>/<owner>-<dataset id>-v<version>/: built in a 
 directory beside it and renamed into place when complete, under a file lock, so instances
 that start together on one node fetch it once and none ever sees half of it. Every chunk is
 opened with its own key (AES-256-GCM, bound to its owner and hash) and its SHA-256 checked.
+Files are not fsynced one by one: the file system is synced after the rename, in the
+background, and a version the host went down on before that is fetched again
+(runner/version_marks.py).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pydantic import ValidationError
 
 from gpulease.core.datasets import check_dataset_name, path_problem
 from gpulease.core.errors import InvalidInput
+from gpulease.runner import version_marks
 from gpulease.runner.connection import Connection
 from gpulease.schemas.runner import RUNNER_API, RunnerDatasetMount, RunnerDatasets, RunnerSpec
 from gpulease.storage import file_lists
@@ -158,21 +162,34 @@ def _locked(path: Path, progress: Callable[[str], None], what: str) -> Iterator[
 def _ensure_version(
     root: Path, mount: RunnerDatasetMount, connection: Connection, progress: Callable[[str], None]
 ) -> Path:
-    final = root / directory_name(mount)
+    version = directory_name(mount)
+    final = root / version
     what = f"dataset {mount.name} v{mount.version}"
-    if final.is_dir():
+    if final.is_dir() and version_marks.usable(root, version):
         return final
-    with _locked(root / ".locks" / f"{directory_name(mount)}.lock", progress, what):
+    with _locked(root / ".locks" / f"{version}.lock", progress, what):
         if final.is_dir():
-            return final  # another runner finished it while we waited
-        building = root / f".building-{directory_name(mount)}-{secrets.token_hex(4)}"
+            if version_marks.usable(root, version):
+                return final  # another runner finished it while we waited
+            # Built in an earlier boot whose end came before its files were known to be on
+            # the disk: some may be empty or short. No instance of this boot can have it.
+            progress(
+                f"{what} was written shortly before this host restarted and may not have "
+                "reached its disk: fetching it again"
+            )
+            suspect = root / f".suspect-{version}-{secrets.token_hex(4)}"
+            final.rename(suspect)  # out of the way at once, whatever removing it meets
+            _remove_tree(suspect)
+        building = root / f".building-{version}-{secrets.token_hex(4)}"
         building.mkdir(mode=0o700)
         try:
             _build(building, mount, connection, progress, what)
+            version_marks.mark_built(root, version)
             building.replace(final)
         except BaseException:
             _remove_tree(building)
             raise
+    version_marks.sync_later(root, version)
     log.info("materialised %s in %s", what, final)
     return final
 

@@ -27,6 +27,7 @@ from datasets_support import (
 from factories import Caller, RunnerDouble
 from gpulease.backends.base import RunnerSpec
 from gpulease.backends.fake import FakeBackend
+from gpulease.runner import version_marks
 from gpulease.runner.connection import Connection
 from gpulease.runner.datasets import (
     DatasetError,
@@ -272,8 +273,132 @@ def test_instances_starting_together_fetch_a_version_once(
     assert len(fetched) == 1  # the others waited for it, then used it
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
         ".locks",
+        ".marks",
         results[0][0]["imgs"].name,
     ]
+
+
+def _mark(cache: Path, directory: Path) -> str:
+    return (cache / ".marks" / directory.name).read_text()
+
+
+class Syncs:
+    """The directories the runner syncs the file system of (the real syncfs runs too); with
+    fail set, every sync fails, as when the host goes down before it ends."""
+
+    def __init__(self) -> None:
+        self.directories: list[str] = []
+        self.fail = False
+
+
+@pytest.fixture
+def mounting(
+    ann: Caller, tick: Callable[[], None], backend: FakeBackend, pushed: dict[str, str]
+) -> RunnerSpec:
+    """The spec of ann's instance mounting 'imgs'."""
+    return _instance_with(ann, tick, backend, ["imgs"])[1]
+
+
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Syncs]:
+    found = Syncs()
+    real = version_marks.syncfs
+
+    def recording(fd: int) -> None:
+        found.directories.append(os.readlink(f"/proc/self/fd/{fd}"))
+        if found.fail:
+            raise OSError(5, "the host went down before the sync ended")
+        real(fd)
+
+    monkeypatch.setattr(version_marks, "syncfs", recording)
+    yield found
+    version_marks.wait_for_syncs()
+
+
+def test_a_version_is_synced_to_the_disk_after_its_rename_and_marked_so(
+    http: TestClient,
+    mounting: RunnerSpec,
+    tmp_path: Path,
+    syncs: Syncs,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cache = tmp_path / "cache"
+    in_place_when_marked: list[bool] = []
+    mark_built = version_marks.mark_built
+
+    def marking(root: Path, version: str) -> None:
+        in_place_when_marked.append((root / version).exists())
+        mark_built(root, version)
+
+    monkeypatch.setattr(version_marks, "mark_built", marking)
+    directory = _materialise(http, mounting, cache)[0]["imgs"]
+    version_marks.wait_for_syncs()
+    assert syncs.directories == [str(directory)] and _mark(cache, directory) == "synced\n"
+    # the mark was on the disk before the version was in place: a version in place that
+    # the host went down on has a mark that says so
+    assert in_place_when_marked == [False]
+
+    # a synced version is used as it is, with no sync again
+    again, messages = _materialise(http, mounting, cache)
+    version_marks.wait_for_syncs()
+    assert again["imgs"] == directory and not any("fetching" in m for m in messages)
+    assert syncs.directories == [str(directory)]
+
+    # a version materialised before marks were kept is used as it was, and synced now
+    (cache / ".marks" / directory.name).unlink()
+    again, messages = _materialise(http, mounting, cache)
+    assert again["imgs"] == directory and not any("fetching" in m for m in messages)
+    version_marks.wait_for_syncs()
+    assert syncs.directories == [str(directory)] * 2 and _mark(cache, directory) == "synced\n"
+
+
+def test_a_version_not_synced_is_used_in_its_boot_and_fetched_again_after_a_restart(
+    http: TestClient, mounting: RunnerSpec, pushed: dict[str, str], tmp_path: Path, syncs: Syncs
+) -> None:
+    """A version whose sync did not end is used in the boot that built it, and synced again;
+    built in an earlier boot and never synced, or with a mark that is not the runner's, its
+    files may be short or empty on the disk, so it is fetched again, whole."""
+    cache = tmp_path / "cache"
+    syncs.fail = True
+    directory = _materialise(http, mounting, cache)[0]["imgs"]
+    version_marks.wait_for_syncs()
+    assert _mark(cache, directory) == f"built {version_marks.boot_id()}\n"
+    syncs.fail = False
+    again, messages = _materialise(http, mounting, cache)
+    assert again["imgs"] == directory and not any("fetching" in m for m in messages)
+    version_marks.wait_for_syncs()
+    assert syncs.directories == [str(directory)] * 2 and _mark(cache, directory) == "synced\n"
+
+    victim = directory / "deep" / "a" / "b" / "big.bin"
+
+    def host_went_down(mark: str) -> None:
+        marks = cache / ".marks"
+        (marks / directory.name).unlink()
+        (marks / directory.name).write_text(mark)
+        victim.parent.chmod(0o755)
+        victim.unlink()  # what the disk never got
+        victim.write_bytes(b"")
+        victim.parent.chmod(0o555)
+
+    for mark in ("built 7e0b7c3e-the-boot-before\n", "synced but torn", ""):
+        host_went_down(mark)
+        again, messages = _materialise(http, mounting, cache)
+        version_marks.wait_for_syncs()
+        assert again["imgs"] == directory and tree_digests(directory) == pushed, mark
+        assert any("before this host restarted" in m for m in messages), mark
+        assert any("fetching dataset imgs v1" in m for m in messages), mark
+        assert _mark(cache, directory) == "synced\n"
+        assert sorted(p.name for p in cache.iterdir()) == [".locks", ".marks", directory.name]
+
+    # a mark that is a link is not followed: the version is fetched again
+    (cache / ".marks" / directory.name).unlink()
+    (cache / ".marks" / directory.name).symlink_to(cache / ".marks" / "elsewhere")
+    (cache / ".marks" / "elsewhere").write_text("synced\n")
+    messages = _materialise(http, mounting, cache)[1]
+    assert any("before this host restarted" in m for m in messages)
+    version_marks.wait_for_syncs()
+    assert not (cache / ".marks" / directory.name).is_symlink()
+    assert _mark(cache, directory) == "synced\n"
 
 
 @pytest.fixture
