@@ -10,6 +10,9 @@ template, already built; the sandbox when bubblewrap works here):
   its `hi`, beside Ray's `ray job submit -- echo hi` to a local Ray head (started here on
   loopback with free ports, dashboard included) → its `hi`, taken in turns.
 - `gpulease --help` to its exit, beside `python -c pass`.
+- `gpulease instance ls` (a command of one resource group: its modules, the client, one
+  request, a table) to its exit, beside `python -c pass`. No target: it says what every
+  plain command costs.
 
 Medians of N (default 20; `--run-n`, default 10, for the two runs). gpulease's modules are
 compiled to bytecode first, as installing the package does.
@@ -206,6 +209,12 @@ def main() -> None:
                 helps = measure(
                     progress, "gpulease --help", args.n, lambda: exit_seconds([gl, "--help"], env)
                 )
+                lists = measure(
+                    progress,
+                    "gpulease instance ls",
+                    args.n,
+                    lambda: exit_seconds([gl, "instance", "ls"], env),
+                )
 
                 def one_run() -> float:
                     wait_free(platform, "A100-80GB")
@@ -234,6 +243,7 @@ def main() -> None:
         ("gpulease exec, running instance → first output line", execs, "python -c print", prints,
          EXEC_TARGET, "×"),
         ("gpulease --help", helps, "python -c pass", passes, HELP_TARGET, "×"),
+        ("gpulease instance ls", lists, "python -c pass", passes, None, "×"),
     ]  # fmt: skip
     if rays:
         rows.append(
@@ -242,17 +252,17 @@ def main() -> None:
         )  # fmt: skip
     for figure, samples, base_label, base, target, unit in rows:
         ratio = median(samples) / median(base)
+        wanted = "" if target is None else f"<= {target:g}{unit}"
         table.add_row(
-            figure, f"{median(samples):.3f}", f"{median(base):.3f}", f"{ratio:.2f}",
-            f"<= {target:g}{unit}",
-        )  # fmt: skip
+            figure, f"{median(samples):.3f}", f"{median(base):.3f}", f"{ratio:.2f}", wanted
+        )
         emit(
             figure,
             f"{median(samples):.3f} s",
             f"{base_label} {median(base):.3f} s",
             f"{ratio:.2f}{unit}",
-            f"<= {target:g}{unit}",
-            ratio <= target,
+            wanted,
+            None if target is None else ratio <= target,
         )
     if not rays:
         run = median(runs)

@@ -98,3 +98,23 @@ def test_each_command_listed_by_help_has_that_help() -> None:
         command = click_command(name, lazy.load())
         first = inspect.cleandoc(command.help or "").split("\n\n")[0].replace("\n", " ")
         assert lazy.help == first, name
+
+
+def test_a_command_loads_the_client_group_it_uses_and_not_the_others() -> None:
+    """`gpulease dataset ls` loads the client's datasets group and its wire models, not
+    every group's (building the models of all of them cost each command about 0.15 s),
+    nor YAML (read only for pricing and task files)."""
+    code = (
+        "import contextlib, io, os, sys\nsys.argv = ['gpulease', 'dataset', 'ls']\n"
+        "os.environ.update(GPULEASE_SERVER='http://127.0.0.1:9', GPULEASE_TOKEN='t')\n"
+        "from gpulease.cli.entry import main\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()), "
+        "contextlib.redirect_stderr(io.StringIO()) as err:\n"
+        "    main()\n"
+        "assert 'cannot reach the gpulease server' in err.getvalue(), err.getvalue()"
+    )
+    loaded = loaded_modules(code)
+    assert "gpulease.client.datasets" in loaded and "gpulease.client.api" in loaded
+    others = ("instances", "runs", "billing", "admin", "sweeps", "statements", "support")
+    assert under(loaded, tuple(f"gpulease.client.{group}" for group in others)) == []
+    assert under(loaded, ("gpulease.schemas.instances", "gpulease.schemas.runs", "yaml")) == []

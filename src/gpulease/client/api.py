@@ -7,25 +7,50 @@ bodies and answers are the wire models of gpulease.schemas. All groups share one
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+import importlib
+from typing import TYPE_CHECKING, Any, Unpack
 
-from gpulease.client.accounts import AuthAPI, TokensAPI
-from gpulease.client.admin import AdminAPI
-from gpulease.client.autostop import AutostopAPI
 from gpulease.client.base import Transport, TransportOptions
-from gpulease.client.billing import BillingAPI, TeamsAPI
-from gpulease.client.catalog import CatalogAPI, TemplatesAPI
 from gpulease.client.closing import Closing
 from gpulease.client.config import TrustedCertificate, resolve_login, trusted_certificate
-from gpulease.client.datasets import DatasetsAPI
 from gpulease.client.errors import NotLoggedIn
-from gpulease.client.estimates import EstimatesAPI
-from gpulease.client.instances import InstancesAPI
-from gpulease.client.notifications import NotificationsAPI
-from gpulease.client.runs import RunsAPI
-from gpulease.client.statements import StatementsAPI
-from gpulease.client.support import SupportAPI
-from gpulease.client.sweeps import SweepsAPI
+
+if TYPE_CHECKING:
+    from gpulease.client.accounts import AuthAPI, TokensAPI
+    from gpulease.client.admin import AdminAPI
+    from gpulease.client.autostop import AutostopAPI
+    from gpulease.client.billing import BillingAPI, TeamsAPI
+    from gpulease.client.catalog import CatalogAPI, TemplatesAPI
+    from gpulease.client.datasets import DatasetsAPI
+    from gpulease.client.estimates import EstimatesAPI
+    from gpulease.client.instances import InstancesAPI
+    from gpulease.client.notifications import NotificationsAPI
+    from gpulease.client.runs import RunsAPI
+    from gpulease.client.statements import StatementsAPI
+    from gpulease.client.support import SupportAPI
+    from gpulease.client.sweeps import SweepsAPI
+
+# Each resource group: its attribute, the module of gpulease.client that defines it, its
+# class. A group's module (and the wire models it loads) is imported on its first use, so
+# that a command of one group does not pay for building the models of all of them.
+_GROUPS = {
+    "auth": ("accounts", "AuthAPI"),
+    "tokens": ("accounts", "TokensAPI"),
+    "catalog": ("catalog", "CatalogAPI"),
+    "templates": ("catalog", "TemplatesAPI"),
+    "instances": ("instances", "InstancesAPI"),
+    "autostop": ("autostop", "AutostopAPI"),
+    "runs": ("runs", "RunsAPI"),
+    "billing": ("billing", "BillingAPI"),
+    "teams": ("billing", "TeamsAPI"),
+    "admin": ("admin", "AdminAPI"),
+    "datasets": ("datasets", "DatasetsAPI"),
+    "estimates": ("estimates", "EstimatesAPI"),
+    "statements": ("statements", "StatementsAPI"),
+    "notifications": ("notifications", "NotificationsAPI"),
+    "support": ("support", "SupportAPI"),
+    "sweeps": ("sweeps", "SweepsAPI"),
+}
 
 
 class GpuleaseClient(Closing):
@@ -44,22 +69,39 @@ class GpuleaseClient(Closing):
         self, server_url: str, token: str | None = None, **options: Unpack[TransportOptions]
     ) -> None:
         self.api = Transport(server_url, token, **options)
-        self.auth = AuthAPI(self.api)
-        self.tokens = TokensAPI(self.api)
-        self.catalog = CatalogAPI(self.api)
-        self.templates = TemplatesAPI(self.api)
-        self.instances = InstancesAPI(self.api)
-        self.autostop = AutostopAPI(self.api)
-        self.runs = RunsAPI(self.api)
-        self.billing = BillingAPI(self.api)
-        self.teams = TeamsAPI(self.api)
-        self.admin = AdminAPI(self.api)
-        self.datasets = DatasetsAPI(self.api)
-        self.estimates = EstimatesAPI(self.api)
-        self.statements = StatementsAPI(self.api)
-        self.notifications = NotificationsAPI(self.api)
-        self.support = SupportAPI(self.api)
-        self.sweeps = SweepsAPI(self.api)
+
+    if TYPE_CHECKING:  # made on first use by __getattr__
+        auth: AuthAPI
+        tokens: TokensAPI
+        catalog: CatalogAPI
+        templates: TemplatesAPI
+        instances: InstancesAPI
+        autostop: AutostopAPI
+        runs: RunsAPI
+        billing: BillingAPI
+        teams: TeamsAPI
+        admin: AdminAPI
+        datasets: DatasetsAPI
+        estimates: EstimatesAPI
+        statements: StatementsAPI
+        notifications: NotificationsAPI
+        support: SupportAPI
+        sweeps: SweepsAPI
+
+    else:  # hidden from type checkers, so that a misspelt group is still an error there
+
+        def __getattr__(self, name: str) -> Any:
+            """A resource group on its first use: its module imported, the group made on
+            the shared transport and kept as an attribute (later uses do not come here;
+            groups hold nothing but the transport, so two threads making one at once is
+            harmless)."""
+            home = _GROUPS.get(name)
+            if home is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            module, cls = home
+            group = getattr(importlib.import_module(f"gpulease.client.{module}"), cls)(self.api)
+            setattr(self, name, group)
+            return group
 
     @classmethod
     def from_saved_login(cls, **kwargs: Any) -> GpuleaseClient:

@@ -8,8 +8,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpulease.core.errors import InvalidInput
 from gpulease.core.money import MoneyError, parse_credits
 
@@ -118,6 +116,8 @@ def _size(raw: Any, where: str) -> float | None:
 
 def parse_catalog(text: str) -> Catalog:
     """Parse a pricing file. Every mistake is reported with where it is."""
+    import yaml  # here, not at import: the CLI loads this module for its checks alone
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

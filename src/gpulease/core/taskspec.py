@@ -14,8 +14,6 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from gpulease.core.catalog import CPU_MODEL, MAX_GPU_COUNT, parse_accelerators
 from gpulease.core.datasets import check_dataset_name
 from gpulease.core.durations import parse_minutes
@@ -346,6 +344,8 @@ def _alternatives(resources: dict[str, Any], ignored: list[str]) -> tuple[Accele
 
 def parse_task(text: str) -> TaskSpec:
     """Parse task YAML; every refusal names the field and how to write it."""
+    import yaml  # here, not at import: commands that only read this module's limits skip it
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
