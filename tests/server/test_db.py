@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
@@ -120,5 +123,42 @@ def test_a_statement_of_its_own_commits_unsynced_and_leaves_its_connection_synce
             ).scalar()
             after = conn.execute(text("SHOW synchronous_commit")).scalar()
         assert (during, after) == ("off", "on")
+    finally:
+        engine.dispose()
+
+
+def test_a_driver_write_transaction_commits_rolls_back_and_leaves_its_connection_synced(
+    tmp_path: Path,
+) -> None:
+    """sqlite_write: the metric batch's transaction without an ORM session. It holds the
+    write lock from its start, commits what it wrote, keeps nothing of a transaction that
+    raised, and an unsynced() one leaves its pooled connection synced for the next user."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE t (n INTEGER)"))
+        with db.sqlite_write(unsynced(engine)) as raw:
+            raw.execute("INSERT INTO t VALUES (1)")
+            assert raw.execute("PRAGMA synchronous").fetchone() == (1,)
+            other = sqlite3.connect(tmp_path / "db.sqlite", timeout=0)
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                other.execute("BEGIN IMMEDIATE")  # the lock is held from BEGIN on
+            other.close()
+        with pytest.raises(RuntimeError), db.sqlite_write(engine) as raw:
+            raw.execute("INSERT INTO t VALUES (2)")
+            raise RuntimeError("the batch failed half way")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT n FROM t")).scalars().all() == [1]
+            assert conn.execute(text("PRAGMA synchronous")).scalar() == 2
+        assert engine.pool.checkedin() == 1  # one connection did it all
+    finally:
+        engine.dispose()
+
+
+def test_a_driver_write_transaction_is_for_sqlite_only(pg_database: str) -> None:
+    engine = make_engine(pg_database)
+    try:
+        with pytest.raises(ValueError, match="SQLite"), db.sqlite_write(engine):
+            pass
     finally:
         engine.dispose()
