@@ -54,7 +54,7 @@ def state(root: Path, version: str) -> State:
     """What the mark of the version in the cache root says about its files."""
     try:
         fd = os.open(root / MARKS / version, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no mark, or no .marks to hold one
         return "unmarked"
     except OSError:
         return "suspect"
@@ -79,7 +79,11 @@ def usable(root: Path, version: str) -> bool:
     if found == "suspect":
         return False
     if found == "unmarked":
-        mark_built(root, version)
+        try:
+            mark_built(root, version)
+        except OSError as exc:  # used as it always was; the next runner tries again
+            log.warning("could not mark dataset version %s: %s", version, exc)
+            return True
     if found != "synced":
         sync_later(root, version)
     return True
