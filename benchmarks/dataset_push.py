@@ -309,7 +309,7 @@ def bench_scan(root: Path, args: argparse.Namespace, console: Console) -> list[R
     """The unchanged re-push's only per-file work at --scan-files files: the scan (one
     lstat a file) and its digest, beside `find` printing every file's stat. The rest of
     that push is one request, whatever the size."""
-    from gpulease.client.datasets import scan_tree
+    from gpulease.client.scan import scan_tree
 
     tree = root / "scan-tree"
     with console.status(f"writing {args.scan_files:,} small files"):

@@ -6,11 +6,16 @@ fixture replaces that one function so every command talks to the in-process app.
 
 from __future__ import annotations
 
+import socket
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 
 # The in-process server harness lives with the SDK tests; share it rather than copy it.
 sys.path.insert(0, str(Path(__file__).parents[1] / "client"))
@@ -55,3 +60,27 @@ def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, An
     monkeypatch.setenv("GPULEASE_NODE_NAME", "box")
     monkeypatch.setenv("COLUMNS", "200")
     return calls
+
+
+@pytest.fixture
+def over_tcp(server: InProcessServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:  # noqa: F811
+    """The server's app on 127.0.0.1 (its reconcilers stay the FakeCluster's); the URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(server.http.app, log_level="warning", lifespan="off", ws="none")
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not uv.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("GPULEASE_SERVER", url)
+    monkeypatch.setattr(instances, "POLL_INTERVAL_S", 0.01)
+    yield url
+    uv.should_exit = True
+    thread.join(timeout=10)
+    sock.close()

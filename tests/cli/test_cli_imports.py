@@ -118,3 +118,19 @@ def test_a_command_loads_the_client_group_it_uses_and_not_the_others() -> None:
     others = ("instances", "runs", "billing", "admin", "sweeps", "statements", "support")
     assert under(loaded, tuple(f"gpulease.client.{group}" for group in others)) == []
     assert under(loaded, ("gpulease.schemas.instances", "gpulease.schemas.runs", "yaml")) == []
+
+
+def test_the_quick_push_path_imports_no_http_library_models_or_typer() -> None:
+    """What cli/entry.quick_push imports: an unchanged re-push is the scan and one request,
+    without httpx, pydantic, Typer or rich (about 0.4 s of imports here)."""
+    modules = (
+        "gpulease.cli.entry",
+        "gpulease.client.config",
+        "gpulease.client.push_index",
+        "gpulease.client.quickexec",
+        "gpulease.client.scan",
+        "gpulease.core.datasets",
+    )
+    loaded = loaded_modules("import " + ", ".join(modules))
+    assert under(loaded, ("httpx", "pydantic", "typer", "rich", "click", *SERVER_SIDE)) == []
+    assert under(loaded, ("gpulease.schemas", "gpulease.client.api", "yaml")) == []

@@ -3,42 +3,14 @@ in-process server app served on a loopback port, since the quick path speaks HTT
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 from inprocess import InProcessServer
 
-from gpulease.cli import entry, instances
+from gpulease.cli import entry
 from gpulease.schemas.instances import InstanceCreate
-
-
-@pytest.fixture
-def over_tcp(server: InProcessServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The server's app on 127.0.0.1 (its reconcilers stay the FakeCluster's); the URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(server.http.app, log_level="warning", lifespan="off", ws="none")
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not uv.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    for name in ("http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-    monkeypatch.setenv("GPULEASE_SERVER", url)
-    monkeypatch.setattr(instances, "POLL_INTERVAL_S", 0.01)
-    yield url
-    uv.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
 
 
 def login(server: InProcessServer, name: str, monkeypatch: pytest.MonkeyPatch) -> None:

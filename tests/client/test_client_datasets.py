@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulease.client.datasets import DatasetError, _hash_file, scan_directory
+from gpulease.client.datasets import _hash_file
+from gpulease.client.scan import DatasetError, scan_directory
 from gpulease.storage.chunking import CHUNK_SIZE
 
 KEPT = 64 * 1024  # files up to this size are kept in memory until they are sent

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulease.client.datasets import DatasetError, scan_directory, scan_tree
 from gpulease.client.push_index import FileStat, scan_digest
+from gpulease.client.scan import DatasetError, scan_directory, scan_tree
 
 STATS = [
     FileStat(10, 1_000, 2_000, 7, 1),

@@ -10,6 +10,11 @@ which says what is wrong. It prints what the Typer command prints (the run's not
 stderr, the job's bytes as they are, `error: ...` on refusals) and exits with the same code.
 A quick run makes its instance and its run and prints the run's output; the Typer app's
 `run` (cli/runs.resume_run) says how it ended, what it cost, and anything out of the way.
+
+`dataset push DIR [--name NAME | -n NAME] [--output table|json | -o ...]` of a tree that the
+server holds as the dataset's current version already (the push index says so, from the
+tree's scan alone) ends on a quick path of its own too, with what the Typer command prints;
+any other push, and any error, is the Typer app's from the start.
 """
 
 from __future__ import annotations
@@ -42,6 +47,15 @@ class RunRequest(NamedTuple):
     template: str | None
 
 
+class PushRequest(NamedTuple):
+    directory: str
+    name: str | None
+    json: bool
+
+
+_PUSH_OPTIONS = {"--name": "name", "-n": "name", "--output": "output", "-o": "output"}
+
+
 def exec_request(argv: list[str]) -> ExecRequest | None:
     """The exec that argv asks for, when it has the quick path's one form; None otherwise."""
     if len(argv) < 4 or argv[0] != "exec" or argv[1].startswith("-") or "--" not in argv:
@@ -66,6 +80,40 @@ def run_request(argv: list[str]) -> RunRequest | None:
     if len(command) == 1 and command[0].endswith((".yaml", ".yml")):
         return None  # `run -- task.yaml` is the task file's
     return RunRequest(command, env, values.get("--gpu"), values.get("--template"))
+
+
+def push_request(argv: list[str]) -> PushRequest | None:
+    """The push that argv asks for when it is `dataset push DIR [--name N | -n N] [--output
+    table|json | -o ...]` (each option at most once, `--name=N` too); None otherwise."""
+    if len(argv) < 3 or argv[:2] != ["dataset", "push"]:
+        return None
+    directory: str | None = None
+    values: dict[str, str] = {}
+    rest = argv[2:]
+    index = 0
+    while index < len(rest):
+        item = rest[index]
+        index += 1
+        if not item.startswith("-"):
+            if directory is not None:
+                return None
+            directory = item
+            continue
+        option, sep, value = item.partition("=")
+        if not option.startswith("--") and sep:
+            return None  # `-n=x` names "=x" to Typer: leave it its own reading
+        if not sep:
+            if index == len(rest):
+                return None
+            value, index = rest[index], index + 1
+        key = _PUSH_OPTIONS.get(option)
+        if key is None or key in values or not value or value.startswith("-"):
+            return None
+        values[key] = value
+    output = values.get("output", "table")
+    if directory is None or output not in ("table", "json"):
+        return None
+    return PushRequest(directory, values.get("name"), output == "json")
 
 
 def _parse(
@@ -170,6 +218,87 @@ def _resume(ref: str, started_json: str, after: int) -> int:
     from gpulease.cli.runs import resume_exec
 
     return reported(lambda: resume_exec(ref, started_json, after))
+
+
+def quick_push(request: PushRequest) -> int | None:
+    """An unchanged re-push without the Typer app: the tree scanned while the server is
+    asked for its current version, and the scan compared with the push index's record of
+    the tree last pushed, as the SDK's push begins (client/datasets.py). When the index
+    says the server holds this very tree, print what `gpulease dataset push` prints for it
+    and return 0; anything else (no saved login or index, a changed tree, a refused path, a
+    refusal or no answer from the server) is None, having printed nothing: the Typer app
+    then pushes, or says what is wrong, from the start."""
+    import json
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from gpulease.client import quickexec
+    from gpulease.client.config import resolve_login, trusted_certificate
+    from gpulease.client.errors import ClientError
+    from gpulease.client.push_index import PushIndex, index_path
+    from gpulease.client.scan import scan_tree
+    from gpulease.core.datasets import check_dataset_name, format_bytes
+    from gpulease.core.errors import InvalidInput
+
+    login = resolve_login()
+    if login.server is None or login.token is None:
+        return None
+    root = Path(request.directory)
+    name = request.name or root.resolve().name
+    try:
+        check_dataset_name(name)  # and so a plain path part
+    except InvalidInput:
+        return None
+    index_file = index_path(login.server, name)
+    if not index_file.is_file():
+        return None  # never pushed from here: nothing to compare the tree with
+    started = time.monotonic()
+    trusted = trusted_certificate(login.server)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="current") as asking:
+        asked = asking.submit(
+            quickexec.call_json,
+            login.server,
+            login.token,
+            trusted,
+            "GET",
+            f"/datasets/{name}/current",
+        )
+        try:
+            tree = scan_tree(root)
+            current = asked.result()
+        except (quickexec.Declined, ClientError, OSError, ValueError):
+            return None
+    dataset, digest = current.get("dataset"), current.get("manifest_sha256")
+    if not isinstance(dataset, dict) or not isinstance(digest, str):
+        return None
+    index = PushIndex(index_file)
+    try:
+        if index.tree_manifest(*tree.digest()) != digest:
+            return None
+    finally:
+        index.close()
+    seconds = time.monotonic() - started
+    if request.json:  # as cli/datasets.push writes it
+        found = {
+            "dataset": dataset,
+            "push_id": None,
+            "files": tree.count,
+            "bytes": tree.size,
+            "sent_chunks": 0,
+            "sent_bytes": 0,
+            "index_hits": tree.count,
+            "unchanged": True,
+            "seconds": round(seconds, 3),
+        }
+        sys.stdout.write(json.dumps(found, indent=2) + "\n")
+    else:
+        sys.stdout.write(
+            f"{dataset.get('name')} v{dataset.get('current_version')} already holds these "
+            f"{tree.count:,} files ({format_bytes(tree.size)}): nothing to push "
+            f"({seconds:.2f} s)\n"
+        )
+    return 0
 
 
 def quick_run(request: RunRequest) -> int | None:
@@ -301,6 +430,10 @@ def main() -> None:
             sys.exit(code)
     elif (run := run_request(argv)) is not None:
         code = quick_run(run)
+        if code is not None:
+            sys.exit(code)
+    elif (push := push_request(argv)) is not None:
+        code = quick_push(push)
         if code is not None:
             sys.exit(code)
     from gpulease.cli.main import app

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from gpulease.client.api import GpuleaseClient
     from gpulease.client.base import InstanceRef
     from gpulease.client.config import Login, config_path, load_saved, resolve_login, save_login
-    from gpulease.client.datasets import DatasetError, PushProgress, PushResult, scan_directory
+    from gpulease.client.datasets import PushProgress, PushResult
     from gpulease.client.errors import (
         ApiError,
         ClientError,
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         StatusEvent,
         position,
     )
+    from gpulease.client.scan import DatasetError, scan_directory
     from gpulease.client.workdir import WorkdirArchive, pack_workdir
 
 # Each public name and the module of gpulease.client that defines it.
@@ -42,10 +43,10 @@ _HOMES = {
     "load_saved": "config",
     "resolve_login": "config",
     "save_login": "config",
-    "DatasetError": "datasets",
+    "DatasetError": "scan",
     "PushProgress": "datasets",
     "PushResult": "datasets",
-    "scan_directory": "datasets",
+    "scan_directory": "scan",
     "ApiError": "errors",
     "ClientError": "errors",
     "NotLoggedIn": "errors",

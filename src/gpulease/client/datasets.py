@@ -12,34 +12,24 @@ server holds as its current version already is settled by comparing two manifest
 
 from __future__ import annotations
 
-import array
 import hashlib
 import json
 import os
-import stat
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from itertools import chain
-from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from gpulease.client.base import Resource, path_part
-from gpulease.client.errors import ApiError, ClientError
-from gpulease.client.push_index import (
-    STAT_FIELDS,
-    FileStat,
-    PushIndex,
-    index_path,
-    scan_digest,
-)
+from gpulease.client.errors import ApiError
+from gpulease.client.push_index import FileStat, PushIndex, index_path
+from gpulease.client.scan import DatasetError, LocalFile, ScannedTree, scan_tree
 from gpulease.core.datasets import (
-    MAX_PATH_CHARS,
     check_dataset_name,
     manifest_digest,
-    path_problem,
 )
 from gpulease.core.errors import InvalidInput
 from gpulease.schemas.datasets import (
@@ -61,7 +51,6 @@ from gpulease.storage.chunking import (
     file_chunks,
     pack,
     read_chunk,
-    without_cyclic_gc,
 )
 
 PART_FILES = 5000
@@ -72,167 +61,6 @@ HASH_THREADS = min(8, max(2, os.cpu_count() or 2))
 HASH_BATCH = 64  # files a hashing thread takes at once
 # Files up to this size are kept in memory between hashing and sending (one part's worth).
 _KEEP_BYTES = 64 * 1024
-
-
-class DatasetError(ClientError):
-    """A directory that cannot be pushed as it is: a path, link or file type is refused."""
-
-
-class LocalFile(NamedTuple):  # a tuple: 100,000 of them are made per scan
-    path: str  # inside the dataset: relative, '/'-separated
-    source: str  # where it is read from
-    size: int
-    stat: FileStat | None = None  # as scanned: the push index's key
-
-
-def _refuse(root: Path, relative: str, why: str) -> DatasetError:
-    return DatasetError(f"cannot push {root / relative}: {why}")
-
-
-def scan_directory(root: Path) -> list[LocalFile]:
-    """The files under root, sorted by path. Refuses (DatasetError, naming the file) paths
-    with control characters or that are not UTF-8, links that lead outside root or to a
-    directory, and anything that is not a regular file. A link to a file inside root is
-    pushed as a copy of that file."""
-    return scan_tree(root).files()
-
-
-class _Directory(NamedTuple):
-    """The files of one scanned directory (not those of its subdirectories)."""
-
-    prefix: str  # inside the dataset: '' or 'a/b/'
-    path: str  # where it is read from
-    names: list[str]  # sorted
-    # a FileStat's five fields, name after name, in one flat array of 64-bit integers (a
-    # plain list where a number does not fit one): no object per file for the collector
-    stats: Sequence[int]
-
-
-class ScannedTree:
-    """A scanned directory tree, kept as it was read: a list of names and an array of
-    stats per directory, no object per file. What an unchanged re-push needs (the count,
-    the size, the scan digest) comes from those; files() builds the sorted LocalFile list
-    only for a push that goes on."""
-
-    def __init__(self, directories: list[_Directory]) -> None:
-        self.directories = sorted(directories, key=_first)
-        self.count = sum(len(d.names) for d in self.directories)
-        self.size = sum(sum(d.stats[0::STAT_FIELDS]) for d in self.directories)
-
-    def digest(self) -> tuple[str, int]:
-        """scan_digest() of every path and stat, directory by directory."""
-        return scan_digest((d.prefix, d.names, d.stats) for d in self.directories)
-
-    def files(self) -> list[LocalFile]:
-        """Every file, sorted by path."""
-        found = []
-        with without_cyclic_gc():
-            for prefix, path, names, stats in self.directories:
-                base = path + "/"
-                for at, name in enumerate(names):
-                    stat = _new(FileStat, stats[at * STAT_FIELDS : (at + 1) * STAT_FIELDS])
-                    found.append(_new(LocalFile, (prefix + name, base + name, stat[0], stat)))
-            found.sort(key=_first)
-        return found
-
-
-def scan_tree(root: Path) -> ScannedTree:
-    """The files under root (see scan_directory for what is refused), directory by
-    directory. An unchanged re-push is nothing but this, so the work per file is done by
-    C loops (map, attrgetter) over each directory's names: the Python code runs
-    once a directory, and a name is checked one by one only where its directory's names,
-    checked together, are not all plain."""
-    if not root.is_dir():
-        raise DatasetError(f"{root} is not a directory")
-    top = root.resolve()
-    scanned: list[_Directory] = []
-    pending = [("", os.fspath(root))]
-    with without_cyclic_gc():
-        while pending:
-            prefix, directory = pending.pop()
-            found = _scan_one(root, top, prefix, directory, pending)
-            if found is not None:
-                scanned.append(found)
-    return ScannedTree(scanned)
-
-
-def _scan_one(
-    root: Path, top: Path, prefix: str, directory: str, pending: list[tuple[str, str]]
-) -> _Directory | None:
-    """The files of one directory; its subdirectories are added to pending. Its names are
-    listed (os.listdir: no object per entry) and each lstat'ed once, which also says which
-    are directories; a directory of nothing but regular files is never looped over in
-    Python."""
-    names = os.listdir(directory)
-    names.sort()
-    base = directory + "/"
-    infos = list(map(os.lstat, map(base.__add__, names)))
-    linked = False
-    if not all(map(S_ISREG, map(_mode, infos))):
-        kept = []
-        for name, info in zip(names, infos, strict=True):
-            if S_ISDIR(info.st_mode):
-                pending.append((prefix + name + "/", base + name))
-            else:
-                kept.append((name, info))
-                linked = linked or S_ISLNK(info.st_mode)
-        names = [name for name, _ in kept]
-        infos = [info for _, info in kept]
-    if not names:
-        return None
-    together = prefix + "".join(names)
-    longest = len(prefix) + max(map(len, names))
-    if not (together.isascii() and together.isprintable() and "\\" not in together) or (
-        longest > MAX_PATH_CHARS
-    ):
-        for name in names:
-            problem = path_problem(prefix + name)
-            if problem:
-                raise _refuse(root, prefix + name, problem)
-    if linked:
-        infos = [
-            _linked_stat(root, top, prefix + name, base + name) if S_ISLNK(info.st_mode) else info
-            for name, info in zip(names, infos, strict=True)
-        ]
-    if not all(map(S_ISREG, map(_mode, infos))):
-        for name, info in zip(names, infos, strict=True):
-            if not S_ISREG(info.st_mode):
-                raise _refuse(
-                    root, prefix + name, "it is not a regular file (a device, pipe or socket)"
-                )
-    numbers: Sequence[int]
-    try:
-        numbers = array.array("q", chain.from_iterable(map(_stat_key, infos)))
-    except OverflowError:  # an inode or device past 2**63
-        numbers = list(chain.from_iterable(map(_stat_key, infos)))
-    return _Directory(prefix, directory, names, numbers)
-
-
-_new = tuple.__new__  # NamedTuple's own __new__ is a Python function: twice a file
-_first = itemgetter(0)  # a LocalFile's path, a _Directory's prefix
-_mode = attrgetter("st_mode")
-_stat_key = attrgetter("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino", "st_dev")
-S_ISREG = stat.S_ISREG
-S_ISDIR = stat.S_ISDIR
-S_ISLNK = stat.S_ISLNK
-
-
-def _linked_stat(root: Path, top: Path, relative: str, path: str) -> os.stat_result:
-    """The stat of the file a link inside root leads to; refuses a link to a directory,
-    outside root or to nothing."""
-    if os.path.isdir(path):
-        raise _refuse(
-            root,
-            relative,
-            "it is a link to a directory; links to directories are not followed "
-            "(copy the directory in, or push it as a dataset of its own)",
-        )
-    target = Path(path).resolve()
-    if not target.is_relative_to(top):
-        raise _refuse(root, relative, f"it is a link to {target}, outside the directory")
-    if not target.exists():
-        raise _refuse(root, relative, "it is a link to nothing (a broken link)")
-    return target.stat()
 
 
 class PushProgress(Protocol):
