@@ -125,6 +125,7 @@ def test_the_quick_push_path_imports_no_http_library_models_or_typer() -> None:
     without httpx, pydantic, Typer or rich (about 0.4 s of imports here)."""
     modules = (
         "gpulease.cli.entry",
+        "gpulease.cli.push_words",
         "gpulease.client.config",
         "gpulease.client.push_index",
         "gpulease.client.quickexec",

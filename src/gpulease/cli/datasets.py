@@ -20,6 +20,7 @@ from rich.progress import (
 
 from gpulease.cli import output as out
 from gpulease.cli.connection import fetch, logged_in_client
+from gpulease.cli.push_words import push_report, unchanged_text
 from gpulease.core.datasets import format_bytes
 from gpulease.schemas.datasets import DatasetDetail, DatasetList
 from gpulease.storage.chunking import without_cyclic_gc
@@ -96,26 +97,25 @@ def push(
             raise typer.Exit(EXIT_INTERRUPTED) from None
     if output is out.OutputFormat.json:
         out.print_json(
-            {
-                "dataset": result.dataset.model_dump(mode="json"),
-                "push_id": result.push_id,
-                "files": result.files,
-                "bytes": result.size,
-                "sent_chunks": result.sent_chunks,
-                "sent_bytes": result.sent_bytes,
-                "index_hits": result.index_hits,
-                "unchanged": result.unchanged,
-                "seconds": round(result.seconds, 3),
-            }
+            push_report(
+                result.dataset.model_dump(mode="json"),
+                push_id=result.push_id,
+                files=result.files,
+                size=result.size,
+                sent_chunks=result.sent_chunks,
+                sent_bytes=result.sent_bytes,
+                index_hits=result.index_hits,
+                unchanged=result.unchanged,
+                seconds=result.seconds,
+            )
         )
         return
     if result.unchanged:
-        out.console().print(
-            f"{result.dataset.name} v{result.dataset.current_version} already holds these "
-            f"{result.files:,} files ({format_bytes(result.size)}): nothing to push "
-            f"({result.seconds:.2f} s)",
-            markup=False,
+        dataset = result.dataset
+        words = unchanged_text(
+            dataset.name, dataset.current_version, result.files, result.size, result.seconds
         )
+        out.console().print(words, markup=False)
         return
     rate = result.files / max(result.seconds, 1e-6)
     out.console().print(

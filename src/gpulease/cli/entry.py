@@ -233,12 +233,13 @@ def quick_push(request: PushRequest) -> int | None:
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
+    from gpulease.cli.push_words import push_report, unchanged_text
     from gpulease.client import quickexec
     from gpulease.client.config import resolve_login, trusted_certificate
     from gpulease.client.errors import ClientError
     from gpulease.client.push_index import PushIndex, index_path
     from gpulease.client.scan import scan_tree
-    from gpulease.core.datasets import check_dataset_name, format_bytes
+    from gpulease.core.datasets import check_dataset_name
     from gpulease.core.errors import InvalidInput
 
     login = resolve_login()
@@ -279,25 +280,22 @@ def quick_push(request: PushRequest) -> int | None:
     finally:
         index.close()
     seconds = time.monotonic() - started
-    if request.json:  # as cli/datasets.push writes it
-        found = {
-            "dataset": dataset,
-            "push_id": None,
-            "files": tree.count,
-            "bytes": tree.size,
-            "sent_chunks": 0,
-            "sent_bytes": 0,
-            "index_hits": tree.count,
-            "unchanged": True,
-            "seconds": round(seconds, 3),
-        }
+    if request.json:
+        found = push_report(
+            dataset,
+            push_id=None,
+            files=tree.count,
+            size=tree.size,
+            sent_chunks=0,
+            sent_bytes=0,
+            index_hits=tree.count,
+            unchanged=True,
+            seconds=seconds,
+        )
         sys.stdout.write(json.dumps(found, indent=2) + "\n")
     else:
-        sys.stdout.write(
-            f"{dataset.get('name')} v{dataset.get('current_version')} already holds these "
-            f"{tree.count:,} files ({format_bytes(tree.size)}): nothing to push "
-            f"({seconds:.2f} s)\n"
-        )
+        version = dataset.get("current_version")  # the server's answer for dataset `name`
+        sys.stdout.write(unchanged_text(name, version, tree.count, tree.size, seconds) + "\n")
     return 0
 
 

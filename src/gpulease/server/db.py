@@ -65,8 +65,7 @@ def make_engine(url: str) -> Engine:
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Any) -> None:
             if conn.get_execution_options().get(UNSYNCED):  # set outside a transaction only
-                conn.exec_driver_sql("PRAGMA synchronous=NORMAL")
-                conn.connection.info[UNSYNCED] = True
+                _sqlite_unsynced(conn.connection.driver_connection, conn.connection.info)
             deferred = conn.get_execution_options().get(READ_ONLY)
             conn.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
@@ -110,6 +109,15 @@ def make_engine(url: str) -> Engine:
 
 # An execution option: see unsynced().
 UNSYNCED = "gpulease_unsynced"
+
+
+def _sqlite_unsynced(dbapi_conn: Any, info: dict[Any, Any]) -> None:
+    """SQLite: the pooled connection commits without waiting for the disk until it goes back
+    to the pool, whose checkin (make_engine) sets synchronous=FULL again."""
+    dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+    info[UNSYNCED] = True
+
+
 # A pooled PostgreSQL connection's monotonic time of return to the pool, and how long it
 # may sit there before its next checkout pings it first.
 IDLE_SINCE = "gpulease_idle_since"
@@ -192,8 +200,7 @@ def sqlite_write(engine: Engine) -> Iterator[sqlite3.Connection]:
     try:
         conn: sqlite3.Connection = pooled.driver_connection  # type: ignore[assignment]
         if engine.get_execution_options().get(UNSYNCED):
-            conn.execute("PRAGMA synchronous=NORMAL")
-            pooled.info[UNSYNCED] = True  # the pool's checkin sets it back (make_engine)
+            _sqlite_unsynced(conn, pooled.info)
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn

@@ -259,9 +259,9 @@ def store_run_points(
 
     On SQLite one statement finds the token's run (_RUN_OF_TOKEN) in the batch's
     transaction, on the driver's connection without an ORM session; the look-ups that say
-    why run only when it finds none. On PostgreSQL the
-    server stores a batch of new points with one statement on the event loop
-    (store_run_points_on_loop); this answers what that statement did not store."""
+    why run only when it finds none. On PostgreSQL the server stores a batch of new points
+    with one statement on the event loop (store_run_points_on_loop); this answers what that
+    statement did not store."""
     if not _postgres(unsynced_sessions):
         stored = _sqlite_store_run_points(
             unsynced_sessions.kw["bind"], hash_token(runner_token), run_id, points
@@ -285,7 +285,7 @@ def _sqlite_store_run_points(
             return None
         if not points:
             return 0
-        return max(conn.executemany(_SQLITE_INSERT, _sqlite_rows(run_id, points)).rowcount, 0)
+        return _rowcount(conn.executemany(_SQLITE_INSERT, _sqlite_rows(run_id, points)))
 
 
 async def store_run_points_on_loop(
