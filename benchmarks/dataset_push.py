@@ -10,6 +10,9 @@ the same tree of generated files of about 10 KB (the page cache is warm for all 
   content to a new dataset, so nothing is deduplicated away.
 - unchanged re-push: the same command on the tree it just pushed, beside the first push.
   The push index and the server's manifest digest settle it without reading a file.
+- re-push, one file changed: the same command after one file of that tree was rewritten,
+  beside the first push (with --against, the old code's in turns beside it). Only that
+  file's chunk is sent, but the file list of every file still goes to the server.
 - materialise: the runner's materialise() (runner/datasets.py) of the pushed version into an
   empty node cache: the file list, chunk packs, decrypting and checking every chunk,
   writing the tree read-only; beside `tar xf` of a tar of the same tree into an empty
@@ -184,6 +187,7 @@ def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[
                     + f" (load {load:.1f})"
                 )
         agains, again_walls = [], []
+        changed: dict[str, list[float]] = {"new": [], "new wall": [], "old": [], "old wall": []}
         if not args.push_only:
             with console.status("unchanged re-push"):
                 for _ in range(max(args.runs, 5)):
@@ -191,6 +195,18 @@ def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[
                     assert report["unchanged"] and report["sent_bytes"] == 0, report
                     agains.append(seconds)
                     again_walls.append(wall)
+            with console.status("re-push, one file changed"):
+                touched = tree / "class_000" / "img_000000.jpg"
+                for run in range(args.runs):
+                    touched.write_bytes(b"changed %d " % run + os.urandom(args.size))
+                    turns = [(platform, "new"), (old, "old")][:: 1 if run % 2 == 0 else -1]
+                    for server, which in turns:
+                        if server is None:
+                            continue
+                        seconds, wall, report = push(server, tree, f"cats-{args.runs - 1}")
+                        assert report["sent_chunks"] == 1, report
+                        changed[which].append(seconds)
+                        changed[f"{which} wall"].append(wall)
     finally:
         platform.stop()
         if old is not None:
@@ -226,6 +242,17 @@ def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[
                 "the first push",
             )
         )
+    for which, suffix in (("new", ""), ("old", ", old code")):
+        if changed[which]:
+            rows.append(
+                (
+                    f"re-push, one file changed{suffix}",
+                    statistics.median(changed[which]),
+                    f"CLI wall {statistics.median(changed[f'{which} wall']):.2f} s",
+                    first,
+                    "the first push",
+                )
+            )
     return rows, tree
 
 

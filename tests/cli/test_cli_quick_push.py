@@ -16,6 +16,7 @@ from datasets_support import random_tree
 from gpulease.cli import entry
 from gpulease.cli.main import app
 from gpulease.client.push_index import index_path
+from gpulease.client.scan import taken_over
 
 
 @pytest.fixture
@@ -64,6 +65,7 @@ def test_an_unchanged_push_ends_on_the_quick_path_as_the_typer_command_would(
     assert _quick(["dataset", "push", str(tree), "--name=imgs"]) == 0
     said = capsys.readouterr().out
     assert said.startswith("imgs v1 already holds these 40 files (") and "nothing to push" in said
+    assert taken_over(tree) is None  # settled there: its scan is kept for no push
 
 
 def test_anything_but_an_unchanged_tree_is_left_to_the_typer_command(
@@ -86,6 +88,28 @@ def test_anything_but_an_unchanged_tree_is_left_to_the_typer_command(
     monkeypatch.setenv("GPULEASE_TOKEN", "not-a-token")
     assert _quick(["dataset", "push", str(tree)]) is None
     assert capsys.readouterr().out == ""
+
+
+def test_a_changed_tree_is_pushed_by_the_typer_command_on_the_quick_paths_scan(
+    tree: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quick path hands its scan over; the push that follows in the same command takes
+    it instead of scanning the tree again, and pushes what changed."""
+    from gpulease.client import datasets
+
+    (tree / "class_0" / "new.bin").write_bytes(b"a new file")
+    capsys.readouterr()
+    assert _quick(["dataset", "push", str(tree)]) is None
+    assert capsys.readouterr().out == ""
+
+    def no_second_scan(root: Path) -> None:
+        raise AssertionError(f"{root} scanned again")
+
+    monkeypatch.setattr(datasets, "scan_tree", no_second_scan)
+    pushed = _typer_push(tree)
+    assert pushed["files"] == 41 and pushed["sent_chunks"] == 1  # the new file alone
+    assert pushed["dataset"]["current_version"] == 2  # type: ignore[index]
+    assert taken_over(tree) is None  # taken once, by that push
 
 
 def test_only_the_plain_push_form_takes_the_quick_path() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpulease.client.push_index import FileStat, scan_digest
-from gpulease.client.scan import DatasetError, scan_directory, scan_tree
+from gpulease.client.scan import DatasetError, hand_over, scan_directory, scan_tree, taken_over
 
 STATS = [
     FileStat(10, 1_000, 2_000, 7, 1),
@@ -117,3 +117,23 @@ def test_the_scan_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path) ->
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_handed_over_scan_is_taken_once_for_the_same_directory_only(tmp_path: Path) -> None:
+    root = tmp_path / "imgs"
+    root.mkdir()
+    (root / "a.bin").write_bytes(b"a")
+    tree = scan_tree(root)
+    hand_over(root, tree)
+    assert taken_over(tmp_path) is None  # another directory: and the scan is dropped
+    hand_over(root, tree)
+    assert taken_over(root) is tree
+    assert taken_over(root) is None  # once
+
+    hand_over(root, tree)  # then root is replaced by another directory of the same name
+    root.rename(tmp_path / "moved")
+    root.mkdir()
+    assert taken_over(root) is None
+    hand_over(root, scan_tree(root))
+    root.rmdir()
+    assert taken_over(root) is None  # gone

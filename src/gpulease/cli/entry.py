@@ -227,7 +227,8 @@ def quick_push(request: PushRequest) -> int | None:
     says the server holds this very tree, print what `gpulease dataset push` prints for it
     and return 0; anything else (no saved login or index, a changed tree, a refused path, a
     refusal or no answer from the server) is None, having printed nothing: the Typer app
-    then pushes, or says what is wrong, from the start."""
+    then pushes, or says what is wrong, from the start, taking over this path's scan of the
+    tree where there was one (client/scan.hand_over) rather than scanning it again."""
     import json
     import time
     from concurrent.futures import ThreadPoolExecutor
@@ -238,7 +239,7 @@ def quick_push(request: PushRequest) -> int | None:
     from gpulease.client.config import resolve_login, trusted_certificate
     from gpulease.client.errors import ClientError
     from gpulease.client.push_index import PushIndex, index_path
-    from gpulease.client.scan import scan_tree
+    from gpulease.client.scan import hand_over, scan_tree, taken_over
     from gpulease.core.datasets import check_dataset_name
     from gpulease.core.errors import InvalidInput
 
@@ -267,6 +268,7 @@ def quick_push(request: PushRequest) -> int | None:
         )
         try:
             tree = scan_tree(root)
+            hand_over(root, tree)  # the Typer push takes this scan if it has to push
             current = asked.result()
         except (quickexec.Declined, ClientError, OSError, ValueError):
             return None
@@ -279,6 +281,7 @@ def quick_push(request: PushRequest) -> int | None:
             return None
     finally:
         index.close()
+    taken_over(root)  # settled here: the scan goes to no push
     seconds = time.monotonic() - started
     if request.json:
         found = push_report(

@@ -26,7 +26,7 @@ from typing import Protocol
 from gpulease.client.base import Resource, path_part
 from gpulease.client.errors import ApiError
 from gpulease.client.push_index import FileStat, PushIndex, index_path
-from gpulease.client.scan import DatasetError, LocalFile, ScannedTree, scan_tree
+from gpulease.client.scan import DatasetError, LocalFile, ScannedTree, scan_tree, taken_over
 from gpulease.core.datasets import (
     check_dataset_name,
     manifest_digest,
@@ -268,13 +268,14 @@ def push_directory(
         raise DatasetError(exc.message) from None
     started = time.monotonic()
     before, files = _Before(), None
+    handed = taken_over(root)  # scanned moments ago by the CLI's quick path
     if index is None:
-        tree = scan_tree(root)
+        tree = handed or scan_tree(root)
     else:
         # the server's current version is asked for while the tree is scanned
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="current") as asking:
             asked = asking.submit(datasets.current, name)
-            tree = scan_tree(root)  # a refused tree's error wins over the answer's
+            tree = handed or scan_tree(root)  # a refused tree's error wins over the answer's
             current = asked.result()
     total = tree.size
     if progress is not None:

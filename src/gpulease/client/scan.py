@@ -66,10 +66,13 @@ class ScannedTree:
         self.directories = sorted(directories, key=_first)
         self.count = sum(len(d.names) for d in self.directories)
         self.size = sum(sum(d.stats[0::STAT_FIELDS]) for d in self.directories)
+        self._digest: tuple[str, int] | None = None
 
     def digest(self) -> tuple[str, int]:
-        """scan_digest() of every path and stat, directory by directory."""
-        return scan_digest((d.prefix, d.names, d.stats) for d in self.directories)
+        """scan_digest() of every path and stat, directory by directory (once)."""
+        if self._digest is None:
+            self._digest = scan_digest((d.prefix, d.names, d.stats) for d in self.directories)
+        return self._digest
 
     def files(self) -> list[LocalFile]:
         """Every file, sorted by path."""
@@ -102,6 +105,38 @@ def scan_tree(root: Path) -> ScannedTree:
             if found is not None:
                 scanned.append(found)
     return ScannedTree(scanned)
+
+
+# A scan handed from one step of a command to the next (hand_over, taken_over).
+_handed: tuple[str, tuple[int, int], ScannedTree] | None = None
+
+
+def hand_over(root: Path, tree: ScannedTree) -> None:
+    """Keep tree, just scanned from root, for this process's next taken_over(root). The
+    CLI's quick path for an unchanged push scans the tree; when the tree has changed, the
+    full push that follows in the same command takes that scan instead of scanning again
+    (at 100,000 files a scan is about 0.4 s). Only the latest scan is kept."""
+    global _handed
+    _handed = (os.fspath(root), _identity(root), tree)
+
+
+def taken_over(root: Path) -> ScannedTree | None:
+    """The scan handed over for root, once; None when there is none, or root is now
+    another directory than the one scanned (moved or replaced meanwhile)."""
+    global _handed
+    handed, _handed = _handed, None
+    if handed is None or handed[0] != os.fspath(root):
+        return None
+    try:
+        same = _identity(root) == handed[1]
+    except OSError:
+        return None
+    return handed[2] if same else None
+
+
+def _identity(root: Path) -> tuple[int, int]:
+    info = os.stat(root)
+    return info.st_dev, info.st_ino
 
 
 def _scan_one(
