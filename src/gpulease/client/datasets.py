@@ -33,6 +33,7 @@ from gpulease.core.datasets import (
 )
 from gpulease.core.errors import InvalidInput
 from gpulease.schemas.datasets import (
+    MAX_REMOVED,
     DatasetChunksReceived,
     DatasetCommit,
     DatasetCurrent,
@@ -247,6 +248,24 @@ def _before(
     return before, files
 
 
+Listing = dict[str, tuple[int, list[str]]]  # path: (size, chunk hashes)
+
+
+def _base(current: DatasetCurrent | None, index: PushIndex) -> tuple[int, Listing] | None:
+    """The current version's number and files, when the push index holds exactly that
+    version (the manifest digest of its entries is the version's): the base a push then
+    changes, sending only the files that differ from it. None otherwise."""
+    if current is None or current.manifest_sha256 is None or not current.changes_taken:
+        return None  # (a server from before such pushes: the tree goes whole)
+    number = current.dataset.current_version
+    listing = index.listing()
+    if number is None or not listing:
+        return None
+    if manifest_digest((p, *listing[p]) for p in sorted(listing)) != current.manifest_sha256:
+        return None
+    return number, listing
+
+
 def push_directory(
     datasets: DatasetsAPI,
     root: Path,
@@ -298,6 +317,12 @@ def push_directory(
             )
     if files is None:
         files = tree.files()
+    base = _base(current, index) if index is not None else None
+    removed: list[str] = []
+    if base is not None:
+        removed = sorted(base[1].keys() - {f.path for f in files})
+        if len(removed) > MAX_REMOVED:
+            base, removed = None, []  # most of it is gone: push the tree whole
     push = datasets.start_push(DatasetUploadCreate(name=name, files=len(files), bytes=total))
     queued: set[str] = set()  # chunks on their way in this push: send each once
     sent = [0, 0]
@@ -337,9 +362,14 @@ def push_directory(
                 (f.path, f.size, [r.sha256 for r in refs])
                 for f, refs in zip(part.files, part.chunks, strict=True)
             ]
-            answer = datasets.push_files(name, push.id, number, entries)
-            part_count = number + 1
-            missing = set(answer.missing) - queued
+            if base is not None:  # only what differs from the base version
+                listed = base[1]
+                entries = [e for e in entries if listed.get(e[0]) != (e[1], e[2])]
+            missing = set()
+            if entries:
+                answer = datasets.push_files(name, push.id, part_count, entries)
+                part_count += 1
+                missing = set(answer.missing) - queued
             queued |= missing
             records: list[tuple[str, bytes]] = []
             records_size = 0
@@ -373,7 +403,13 @@ def push_directory(
             if progress is not None:
                 progress.advanced(len(batch), known)
         settle(block=True)
-        commit = DatasetCommit(parts=part_count, files=len(files), bytes=total)
+        commit = DatasetCommit(
+            parts=part_count,
+            files=len(files),
+            bytes=total,
+            base_version=None if base is None else base[0],
+            removed=removed,
+        )
         dataset = datasets.commit_push(name, push.id, commit)
         if index is not None:
             index.prune({f.path for f in files})

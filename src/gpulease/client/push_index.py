@@ -209,6 +209,12 @@ class PushIndex:
             self._load()
             return set(self._entries)
 
+    def listing(self) -> dict[str, tuple[int, list[str]]]:
+        """Each path it has an entry for: its size and chunk hashes as last hashed."""
+        with self._lock:
+            self._load()
+            return {path: (stat.size, chunks) for path, (stat, _, chunks) in self._entries.items()}
+
     def lookup(self, path: str, stat: FileStat) -> list[str] | None:
         """The chunk hashes path held when it had stat, or None (hash it)."""
         if not self._loaded:

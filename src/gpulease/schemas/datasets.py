@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from gpulease.schemas.base import Count, Model
+from gpulease.schemas.base import Count, Id, Model
 
 
 class DatasetPublic(Model):
@@ -51,6 +52,9 @@ class DatasetCurrent(BaseModel):
 
     dataset: DatasetPublic
     manifest_sha256: str | None
+    changes_taken: bool = False
+    """The server takes a push that changes this version (DatasetCommit.base_version);
+    servers from before such pushes answer without it, and are sent whole trees."""
 
 
 class DatasetDetail(BaseModel):
@@ -98,10 +102,21 @@ class DatasetChunksReceived(BaseModel):
     new_chunks: int
 
 
+# The most paths one commit may name as removed from its base version (more: push whole).
+MAX_REMOVED = 10_000
+
+
 class DatasetCommit(BaseModel):
     parts: Count
     files: Count
     bytes: Count
+    base_version: Id | None = None
+    """When set, the push changes that version of the dataset: its file lists hold only the
+    files that are new or differ from it, `removed` names its files that are gone, and the
+    new version is the two together. files and bytes are the new version's, whole."""
+    removed: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=MAX_REMOVED
+    )
 
 
 class DatasetRemoved(BaseModel):

@@ -97,12 +97,12 @@ def test_an_unchanged_tree_is_pushed_again_without_reading_a_file(
     assert push(client, tmp_path / "imgs", "imgs", reopened).unchanged
     assert reads.hashed == [] and len(sent) == 1
 
-    # a file touched (new mtime, same bytes): hashed again, found equal, still no new version
+    # a file touched (new mtime, same bytes): hashed again, found equal to v1's, so the push
+    # that changes v1 lists nothing and the server keeps the version it had
     os.utime(tmp_path / "imgs" / "empty", ns=(OLD_NS + 10**9, OLD_NS + 10**9))
     touched = push(client, tmp_path / "imgs", "imgs", reopened)
     assert reads.hashed == ["empty"] and touched.sent_bytes == 0
-    assert touched.dataset.current_version == 1 and len(sent) == 2
-    assert sent[0] == sent[1]  # the same manifest, so the server kept the version it had
+    assert touched.dataset.current_version == 1 and len(sent) == 1
     assert [v.number for v in client.datasets.get("imgs").versions] == [1]
     assert client.datasets.get("imgs").pushes[0].state_reason == "unchanged: the same files as v1"
     assert push(client, tmp_path / "imgs", "imgs", reopened).unchanged
@@ -120,11 +120,58 @@ def test_a_tree_the_server_no_longer_holds_as_current_is_pushed(
     push(client, tree, "t", index)
     client.datasets.push(other, "t", use_index=False)  # someone pushed another tree meanwhile
     reads = Reads(monkeypatch)
+    sent = manifests(client, monkeypatch)
     back = push(client, tree, "t", index)
     assert not back.unchanged and back.dataset.current_version == 3 and reads.hashed == []
+    assert [entry[0] for entry in sent[0]] == ["a.txt"]  # v2 is not the index's: all listed
     assert back.sent_bytes == 0  # its chunks are still on the server
     assert client.datasets.current("t") is not None
     assert client.datasets.current("nothing-here") is None
+
+
+def test_a_changed_tree_lists_only_what_differs_from_the_version_it_changes(
+    ann: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = sdk(ann)
+    tree = tmp_path / "imgs"
+    random_tree(tree, 60, 2000)
+    age(tree)
+    index = PushIndex(tmp_path / "index.sqlite", clock_ns=later_clock)
+    push(client, tree, "imgs", index)
+    gone = sorted(p for p in tree.rglob("*") if p.is_file())[:2]
+    for path in gone:
+        path.unlink()
+    write_tree(tree, {"class_0/new.bin": b"new", "class_1/img_00001.bin": b"rewritten"})
+    sent = manifests(client, monkeypatch)
+    changed = push(client, tree, "imgs", index)
+    assert sorted(entry[0] for entry in sent[0]) == ["class_0/new.bin", "class_1/img_00001.bin"]
+    assert changed.dataset.current_version == 2 and changed.files == 59 and changed.sent_chunks == 2
+
+    # the version is the tree: the same manifest as the tree pushed whole, without an index
+    whole = client.datasets.push(tree, "whole", use_index=False)
+    assert len(sent[-1]) == 59
+    assert whole.dataset.file_count == 59 and whole.sent_chunks == 0
+    mine, other = client.datasets.current("imgs"), client.datasets.current("whole")
+    assert mine is not None and other is not None
+    assert mine.manifest_sha256 == other.manifest_sha256
+    assert mine.dataset.size_bytes == other.dataset.size_bytes
+    # and the index, pruned to the tree, is the base of the next push
+    (tree / "class_0" / "new.bin").write_bytes(b"newer")
+    assert push(client, tree, "imgs", index).dataset.current_version == 3
+    assert [entry[0] for entry in sent[-1]] == ["class_0/new.bin"]
+
+    # a server from before such pushes does not say it takes them: the tree goes whole
+    asked = client.datasets.current
+
+    def older_server(name: str):  # type: ignore[no-untyped-def]
+        answer = asked(name)
+        return None if answer is None else answer.model_copy(update={"changes_taken": False})
+
+    monkeypatch.setattr(client.datasets, "current", older_server)
+    (tree / "class_0" / "new.bin").write_bytes(b"newest")
+    assert push(client, tree, "imgs", index).dataset.current_version == 4
+    assert len(sent[-1]) == 59
+    index.close()
 
 
 def test_a_file_changed_in_place_with_the_same_size_is_hashed_again(

@@ -15,6 +15,7 @@ from datasets_support import random_tree, sdk, tree_digests, write_tree
 from factories import Caller
 from gpulease.client import ApiError, PushProgress
 from gpulease.client.datasets import push_directory
+from gpulease.core.datasets import manifest_digest
 from gpulease.server.db import transaction
 from gpulease.server.orm import DatasetChunk, StorageKey, User
 from gpulease.server.runtime import Runtime
@@ -178,6 +179,78 @@ def test_server_refuses_bad_names_and_inconsistent_lists(ann: Caller) -> None:
     push = _start(ann, "set", 1, 3)
     r = ann.post(f"/api/v1/datasets/set/pushes/{push}/chunks", content=b"\x00" * 10)
     assert r.status_code == 422 and "malformed chunk pack" in r.json()["detail"]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_push_that_changes_a_version_lists_only_what_changed(
+    ann: Caller, bob: Caller, tmp_path: Path
+) -> None:
+    client = sdk(ann)
+    v1 = {"a.txt": b"alpha", "b.txt": b"bravo", "d/c.txt": b"charlie"}
+    client.datasets.push(write_tree(tmp_path / "v1", v1), "set")
+    # v2: a.txt changed, e.txt new, b.txt removed; d/c.txt is v1's, not listed
+    push = _start(ann, "set", 3, 17)
+    url = f"/api/v1/datasets/set/pushes/{push}"
+    changes = [("a.txt", b"ALPHA!"), ("e.txt", b"echo")]
+    files = [{"path": p, "size": len(d), "chunks": [_sha(d)]} for p, d in changes]
+    r = ann.put(f"{url}/files/0", json={"files": files})
+    assert r.status_code == 200
+    assert sorted(r.json()["missing"]) == sorted(_sha(d) for _, d in changes)
+
+    def commit(**body: object) -> tuple[int, str]:
+        r = ann.post(f"{url}/commit", json={"parts": 1, "files": 3, "bytes": 17} | body)
+        return r.status_code, str(r.json().get("detail", ""))
+
+    assert commit(base_version=1, removed=["b.txt"]) == (
+        409,
+        "2 chunks of this push have not arrived; push again to send them",
+    )
+    assert ann.post(f"{url}/chunks", content=pack([(_sha(d), d) for _, d in changes])).is_success
+
+    assert commit(base_version=7, removed=["b.txt"]) == (
+        422,
+        "dataset set has no version 7 to change; push the whole tree (no base version)",
+    )
+    assert commit(base_version=1, removed=["b.txt", "nope.txt"]) == (
+        422,
+        "'nope.txt' is not a file of version 1, so it cannot be removed from it",
+    )
+    assert commit(base_version=1, removed=["a.txt"]) == (
+        422,
+        "'a.txt' is both listed and removed; send it once",
+    )
+    status, said = commit(removed=["b.txt"])
+    assert status == 422 and "need the base version" in said
+    status, said = commit(base_version=1)  # b.txt kept: four files
+    assert status == 422 and "the server got 4 files, 22 bytes" in said
+    status, said = commit(base_version=0, removed=["b.txt"])
+    assert status == 422 and "base_version" in said
+    r = bob.post(f"{url}/commit", json={"parts": 1, "files": 3, "bytes": 17, "base_version": 1})
+    assert r.status_code == 404  # not his push
+    assert client.datasets.current("set").dataset.current_version == 1  # type: ignore[union-attr]
+
+    assert commit(base_version=1, removed=["b.txt"])[0] == 201
+    current = client.datasets.current("set")
+    assert current is not None and current.dataset.current_version == 2
+    assert (current.dataset.file_count, current.dataset.size_bytes) == (3, 17)
+    whole = {"a.txt": b"ALPHA!", "d/c.txt": b"charlie", "e.txt": b"echo"}
+    assert current.manifest_sha256 == manifest_digest(
+        (path, len(data), [_sha(data)]) for path, data in sorted(whole.items())
+    )
+    assert [v.number for v in client.datasets.get("set").versions] == [2, 1]
+
+    # bob has no version of a 'set' of his own to change
+    mine = _start(bob, "set", 1, 5)
+    r = bob.put(f"/api/v1/datasets/set/pushes/{mine}/files/0", json={"files": files[:1]})
+    assert r.status_code == 200
+    r = bob.post(
+        f"/api/v1/datasets/set/pushes/{mine}/commit",
+        json={"parts": 1, "files": 1, "bytes": 6, "base_version": 1},
+    )
+    assert r.status_code == 422 and "has no version 1" in r.json()["detail"]
 
 
 def test_quota(ann: Caller, rt: Runtime, tmp_path: Path) -> None:

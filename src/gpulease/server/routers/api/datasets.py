@@ -87,6 +87,7 @@ def current_dataset(name: str, session: SessionDep, user: CurrentUser) -> wire.D
     return wire.DatasetCurrent(
         dataset=wire.DatasetPublic.model_validate(dataset),
         manifest_sha256=uploads.digest_in_manifest_key(version.manifest_blob),
+        changes_taken=True,
     )
 
 
@@ -229,6 +230,8 @@ def commit_push(
         files=body.files,
         size=body.bytes,
         quota_bytes=_quota(request),
+        base_version=body.base_version,
+        removed=body.removed,
     )
     with transaction(rt.sessions) as session:  # the commit ran its own transactions
         return wire.DatasetPublic.model_validate(library.dataset_of(session, version))

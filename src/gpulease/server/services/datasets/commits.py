@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from operator import itemgetter
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -66,6 +69,40 @@ def _same_as_current(
     return current
 
 
+def _changed(base: Manifest, number: int, changes: Manifest, removed: Sequence[str]) -> Manifest:
+    """Version `number` (base) with the files listed in a push that changes it (changes:
+    new files, and files that replace its own) and without the removed ones."""
+    files = {f.path: f for f in base.files}
+    listed = {f.path for f in changes.files}
+    if len(listed) != len(changes.files):
+        problem = tree_conflict([f.path for f in changes.files])
+        raise InvalidInput(f"the file list does not make a directory tree: {problem}")
+    for path in removed:
+        if path in listed:
+            raise InvalidInput(f"{path!r} is both listed and removed; send it once")
+        if files.pop(path, None) is None:
+            raise InvalidInput(
+                f"{path!r} is not a file of version {number}, so it cannot be removed from it"
+            )
+    files.update((f.path, f) for f in changes.files)
+    return Manifest(tuple(sorted(files.values(), key=itemgetter(0))))
+
+
+def _base_blob(session: Session, dataset: Dataset, number: int) -> str:
+    """The manifest blob of the dataset's version `number`, the base of a push."""
+    blob = session.scalar(
+        select(DatasetVersion.manifest_blob).where(
+            DatasetVersion.dataset_id == dataset.id, DatasetVersion.number == number
+        )
+    )
+    if blob is None:
+        raise InvalidInput(
+            f"dataset {dataset.name} has no version {number} to change; push the whole "
+            "tree (no base version)"
+        )
+    return blob
+
+
 def commit_upload(
     sessions: sessionmaker[Session],
     vault: Vault,
@@ -76,19 +113,35 @@ def commit_upload(
     files: int,
     size: int,
     quota_bytes: int,
+    base_version: int | None = None,
+    removed: Sequence[str] = (),
 ) -> DatasetVersion:
     """Make the push a new version of its dataset: every file listed in parts 0..parts-1,
-    every chunk of them stored. files and size must match what was listed (a check that
-    client and server agree on the whole push). Nothing is visible before this returns."""
+    every chunk of them stored; with base_version, those files and the files of that
+    version that they neither replace nor remove. files and size must match
+    the new version (a check that client and server agree on the whole push). Nothing is
+    visible before this returns."""
     with transaction(sessions) as session:
         upload = open_upload(session, owner_id, upload_id)
         dataset = session.get(Dataset, upload.dataset_id)
         assert dataset is not None
         dataset_id = dataset.id
         dataset_key = dataset_key_of(session, vault.ring, dataset)
+        base_blob = None if base_version is None else _base_blob(session, dataset, base_version)
     if not 0 <= parts <= MAX_PARTS:
         raise InvalidInput(f"parts must be between 0 and {MAX_PARTS}")
+    if removed and base_version is None:
+        raise InvalidInput("removed files need the base version they are removed from")
     manifest = _read_parts(vault, dataset_key, owner_id, upload_id, parts)
+    # The chunks to check for at the end. Of a push that changes a version, only those of its
+    # own file lists: every chunk of a committed version is stored, a stored chunk never
+    # becomes unstored, and garbage collection, the only thing that deletes chunks, deletes
+    # none of a live version's, and none of the owner's while a push of theirs is open (this
+    # one is, until the transaction below closes it, and it checks the dataset is still live).
+    arriving = manifest.chunk_ids()
+    if base_blob is not None and base_version is not None:
+        base = vault.read_manifest(dataset_key, base_blob)
+        manifest = _changed(base, base_version, manifest, removed)
     problem = tree_conflict([f.path for f in manifest.files])
     if problem:
         raise InvalidInput(f"the file list does not make a directory tree: {problem}")
@@ -101,7 +154,7 @@ def commit_upload(
     same = _same_as_current(sessions, vault, owner_id, upload_id, digest)
     if same is not None:
         return same
-    chunk_ids = sorted(manifest.chunk_ids())
+    chunk_count = len(manifest.chunk_ids())
     blob = manifest_key(owner_id, dataset_id, upload_id, digest)
     vault.seal_blob(dataset_key, blob, manifest.encode())
     vault.store.sync()
@@ -113,8 +166,9 @@ def commit_upload(
             assert dataset is not None
             if dataset.deleted_at is not None:
                 raise Conflict(f"dataset {dataset.name} was removed during the push")
-            have = sum(1 for _ in chunk_rows(session, owner_id, "id", chunk_ids, "stored"))
-            lacking = len(chunk_ids) - have
+            checked = sorted(arriving)
+            have = sum(1 for _ in chunk_rows(session, owner_id, "id", checked, "stored"))
+            lacking = len(checked) - have
             if lacking:
                 raise Conflict(
                     f"{lacking} chunks of this push have not arrived; push again to send them"
@@ -139,7 +193,7 @@ def commit_upload(
                 number=number,
                 file_count=len(manifest.files),
                 size_bytes=manifest.size,
-                chunk_count=len(chunk_ids),
+                chunk_count=chunk_count,
                 manifest_blob=blob,
                 upload_id=upload.id,
                 created_at=now,
