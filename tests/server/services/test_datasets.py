@@ -224,6 +224,10 @@ def test_a_push_that_changes_a_version_lists_only_what_changed(
     )
     status, said = commit(removed=["b.txt"])
     assert status == 422 and "need the base version" in said
+    r = ann.put(f"{url}/files/1", json={"files": files[:1]})  # a.txt again, in another part
+    assert r.status_code == 200
+    status, said = commit(parts=2, base_version=1, removed=["b.txt"])
+    assert status == 422 and "'a.txt' is listed twice" in said
     status, said = commit(base_version=1)  # b.txt kept: four files
     assert status == 422 and "the server got 4 files, 22 bytes" in said
     status, said = commit(base_version=0, removed=["b.txt"])
