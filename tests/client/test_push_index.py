@@ -61,6 +61,21 @@ def test_an_inode_past_two_to_the_63_is_digested_not_refused() -> None:
     assert newest == 6
 
 
+def test_a_scanned_inode_past_two_to_the_63_is_kept_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device number or inode past 2**63 (some network filesystems give them) does not fit
+    the scan's packed array: the scan keeps that directory's stats as a list."""
+    from gpulease.client import scan
+
+    (tmp_path / "x").write_bytes(b"x")
+    real = scan._stat_key
+    monkeypatch.setattr(scan, "_stat_key", lambda info: (*real(info)[:3], 2**64 - 1, 2**63))
+    (only,) = scan_tree(tmp_path).files()
+    assert only.stat is not None and only.stat[3:] == (2**64 - 1, 2**63)
+    assert scan_tree(tmp_path).digest() == scan_tree(tmp_path).digest()
+
+
 def test_the_scan_digest_follows_the_tree_on_disk(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     for name in ("a/b.jpg", "a/c.jpg", "d.txt"):

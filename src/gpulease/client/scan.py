@@ -10,7 +10,9 @@ from __future__ import annotations
 import array
 import os
 import stat
+import struct
 from collections.abc import Sequence
+from functools import partial
 from itertools import chain
 from operator import attrgetter, itemgetter
 from pathlib import Path
@@ -146,10 +148,16 @@ def _scan_one(
     listed (os.listdir: no object per entry) and each lstat'ed once, which also says which
     are directories; a directory of nothing but regular files is never looped over in
     Python."""
-    names = os.listdir(directory)
-    names.sort()
+    # names and stats through one descriptor of the directory: each lstat looks its name up
+    # there, not the whole path from the root again
+    fd = os.open(directory, _DIRECTORY_FLAGS)
+    try:
+        names = os.listdir(fd)
+        names.sort()
+        infos = list(map(partial(os.lstat, dir_fd=fd), names))
+    finally:
+        os.close(fd)
     base = directory + "/"
-    infos = list(map(os.lstat, map(base.__add__, names)))
     linked = False
     if not all(map(S_ISREG, map(_mode, infos))):
         kept = []
@@ -183,14 +191,16 @@ def _scan_one(
                 raise _refuse(
                     root, prefix + name, "it is not a regular file (a device, pipe or socket)"
                 )
+    flat = chain.from_iterable(map(_stat_key, infos))
     numbers: Sequence[int]
-    try:
-        numbers = array.array("q", chain.from_iterable(map(_stat_key, infos)))
-    except OverflowError:  # an inode or device past 2**63
+    try:  # packed in one call: array() of an iterator appends number by number
+        numbers = array.array("q", struct.pack(f"={len(infos) * STAT_FIELDS}q", *flat))
+    except struct.error:  # an inode or device past 2**63
         numbers = list(chain.from_iterable(map(_stat_key, infos)))
     return _Directory(prefix, directory, names, numbers)
 
 
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _new = tuple.__new__  # NamedTuple's own __new__ is a Python function: twice a file
 _first = itemgetter(0)  # a LocalFile's path, a _Directory's prefix
 _mode = attrgetter("st_mode")
