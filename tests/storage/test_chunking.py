@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from gpulease.storage.chunking import (
     unpack,
     unpack_checked,
     unpack_views,
+    without_cyclic_gc,
 )
 
 
@@ -66,3 +69,43 @@ def test_pack_views_without_copies_and_their_hash_check() -> None:
         check_records(list(unpack_views(bad)), "why")
     with pytest.raises(InvalidInput, match="hash to .*: why"):
         list(unpack_checked(bad, max_records=None, why="why"))
+
+
+def _two_threads_paused(first_out: int) -> None:
+    inside = [threading.Event(), threading.Event()]
+    leave = [threading.Event(), threading.Event()]
+    seen: list[bool] = []
+
+    def paused(me: int) -> None:
+        with without_cyclic_gc():
+            inside[me].set()
+            leave[me].wait(5)
+            seen.append(gc.isenabled())
+
+    threads = [threading.Thread(target=paused, args=(me,)) for me in (0, 1)]
+    for me, thread in enumerate(threads):
+        thread.start()
+        assert inside[me].wait(5)
+    assert not gc.isenabled()
+    leave[first_out].set()
+    threads[first_out].join(5)
+    assert not gc.isenabled()  # the other one is still inside
+    leave[1 - first_out].set()
+    threads[1 - first_out].join(5)
+    assert seen == [False, False] and gc.isenabled()
+
+
+def test_threads_share_the_collectors_pause() -> None:
+    """Two threads inside without_cyclic_gc at once, leaving in either order: the collector
+    is off while either is inside and on again once both have left, never left off."""
+    assert gc.isenabled()
+    _two_threads_paused(first_out=0)
+    _two_threads_paused(first_out=1)
+    # and a collector that was off stays off
+    gc.disable()
+    try:
+        with without_cyclic_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

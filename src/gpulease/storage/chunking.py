@@ -12,6 +12,7 @@ import contextlib
 import gc
 import hashlib
 import struct
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -124,13 +125,27 @@ def unpack_checked(
 @contextlib.contextmanager
 def without_cyclic_gc() -> Iterator[None]:
     """The cyclic garbage collector off for a while, for the bulk work on a tree of 100,000
-    files (a push's scan, a runner's manifest): it makes hundreds of thousands of tuples
-    and no cycles, and the collections those set off, each going through every object the
-    process holds, took longer than the work itself. The collector's state is restored."""
-    was_enabled = gc.isenabled()
-    gc.disable()
+    files (a push's scan, a runner's or the server's manifest): it makes hundreds of
+    thousands of tuples and no cycles, and the collections those set off, each going through
+    every object the process holds, took longer than the work itself. The collector is a
+    process's own, so threads share the pause: it is off while any thread is inside, and
+    back on, if it was on when the first came in, once the last one leaves (a plain
+    disable and enable per thread could leave it off for good when two overlap)."""
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0  # threads inside without_cyclic_gc
+_gc_was_enabled = False  # the collector's state when the first of them came in
