@@ -317,10 +317,11 @@ def push_directory(
             )
     if files is None:
         files = tree.files()
+    paths = {f.path for f in files} if index is not None else set()
     base = _base(current, index) if index is not None else None
     removed: list[str] = []
     if base is not None:
-        removed = sorted(base[1].keys() - {f.path for f in files})
+        removed = sorted(base[1].keys() - paths)
         if len(removed) > MAX_REMOVED:
             base, removed = None, []  # most of it is gone: push the tree whole
     push = datasets.start_push(DatasetUploadCreate(name=name, files=len(files), bytes=total))
@@ -412,7 +413,7 @@ def push_directory(
         )
         dataset = datasets.commit_push(name, push.id, commit)
         if index is not None:
-            index.prune({f.path for f in files})
+            index.prune(paths)
             if before.scan is not None:
                 index.record_tree(*before.scan, _digest_of(files, all_chunks))
     finally:

@@ -191,12 +191,12 @@ def _scan_one(
                 raise _refuse(
                     root, prefix + name, "it is not a regular file (a device, pipe or socket)"
                 )
-    flat = chain.from_iterable(map(_stat_key, infos))
+    flat = list(chain.from_iterable(map(_stat_key, infos)))
     numbers: Sequence[int]
     try:  # packed in one call: array() of an iterator appends number by number
-        numbers = array.array("q", struct.pack(f"={len(infos) * STAT_FIELDS}q", *flat))
+        numbers = array.array("q", struct.pack(f"={len(flat)}q", *flat))
     except struct.error:  # an inode or device past 2**63
-        numbers = list(chain.from_iterable(map(_stat_key, infos)))
+        numbers = flat
     return _Directory(prefix, directory, names, numbers)
 
 

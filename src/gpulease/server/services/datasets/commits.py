@@ -138,10 +138,11 @@ def commit_upload(
     # becomes unstored, and garbage collection, the only thing that deletes chunks, deletes
     # none of a live version's, and none of the owner's while a push of theirs is open (this
     # one is, until the transaction below closes it, and it checks the dataset is still live).
-    arriving = manifest.chunk_ids()
+    arriving = chunks = manifest.chunk_ids()
     if base_blob is not None and base_version is not None:
         base = vault.read_manifest(dataset_key, base_blob)
         manifest = _changed(base, base_version, manifest, removed)
+        chunks = manifest.chunk_ids()
     problem = tree_conflict([f.path for f in manifest.files])
     if problem:
         raise InvalidInput(f"the file list does not make a directory tree: {problem}")
@@ -154,7 +155,6 @@ def commit_upload(
     same = _same_as_current(sessions, vault, owner_id, upload_id, digest)
     if same is not None:
         return same
-    chunk_count = len(manifest.chunk_ids())
     blob = manifest_key(owner_id, dataset_id, upload_id, digest)
     vault.seal_blob(dataset_key, blob, manifest.encode())
     vault.store.sync()
@@ -193,7 +193,7 @@ def commit_upload(
                 number=number,
                 file_count=len(manifest.files),
                 size_bytes=manifest.size,
-                chunk_count=chunk_count,
+                chunk_count=len(chunks),
                 manifest_blob=blob,
                 upload_id=upload.id,
                 created_at=now,
