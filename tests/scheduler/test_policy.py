@@ -160,6 +160,25 @@ def test_backfill_lets_a_short_job_pass_but_not_a_long_one() -> None:
     assert [st.request_id for st in schedule(s, 0, Config("fifo")).starts] == []
 
 
+@pytest.mark.parametrize("policy", ["backfill", "default"])
+def test_behind_a_reservation_a_short_job_starts_after_many_long_ones_of_its_shape(
+    policy: str,
+) -> None:
+    # Once a request of a shape finds no room within the reservation, a pass passes over
+    # the later ones of that shape, but not one that ends before the reservation, and one
+    # over its quota still says so.
+    running = [Running(10, "bob", A, 4, (1,), start=0, expected_end=100)]
+    long = [req(i, count=2, duration=500) for i in range(2, 40)]
+    over = req(40, "max", count=2, duration=500)
+    queue = [req(1, count=8), *long, over, req(41, count=2, duration=50)]
+    s = state({1: 4}, queue, running)
+    d = schedule(s, 0, Config(policy, user_quota={"max": 1}))
+    assert [st.request_id for st in d.starts] == [41]
+    for r in long:
+        assert "would delay the reserved start" in d.waiting[r.id].reason
+    assert "over the per-user quota" in d.waiting[40].reason
+
+
 def _reserved_start(s: ClusterState, now: float, config: Config) -> float | None:
     d = schedule(s, now, config)
     heads = [w for w in d.waiting.values() if w.position == 1]

@@ -469,6 +469,19 @@ def _greedy(
                     break
                 gpus_left = False  # nothing more can start but CPU-only requests
             continue
+        if hopeless and req.allowed is None:
+            # A request of this shape found no room within the reservation since the last
+            # start, and the free map is as it was then: this one finds none either unless
+            # it ends before the reservation (as the checks below would find, at a cost
+            # that counts when a pass reads thousands of such requests).
+            said = hopeless.get((model, count, req.nodes))
+            if said is not None and (
+                req.duration is None or now + req.duration > reserved[model].at
+            ):
+                if quotas:
+                    said = _quota_refusal(req, config, held_user, held_team) or said
+                why[req.id] = said
+                continue
         big = biggest.get(model)
         if big is None:
             big = biggest[model] = largest(model)
