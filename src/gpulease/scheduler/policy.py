@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import math
 import operator
 from collections import defaultdict, deque
 from collections.abc import (
     Callable,
     Collection,
+    Container,
     Iterable,
     Iterator,
     Mapping,
@@ -444,6 +444,8 @@ def _greedy(
     first_model: str | None = None
     one_model = explain_all  # (only a pass that explains all reads all, and notes it)
     places = out.places
+    # a forward pass may leave unread the part of a class that could not start
+    pass_over = order.pass_over if isinstance(order, _Reads) else None
     for place, req in enumerate(order):
         model, count = req.model, req.count
         if one_model and model != first_model:
@@ -481,6 +483,8 @@ def _greedy(
                 if quotas:
                     said = _quota_refusal(req, config, held_user, held_team) or said
                 why[req.id] = said
+                if pass_over is not None:
+                    pass_over(hopeless, model, count, now, reserved[model].at)
                 continue
         big = biggest.get(model)
         if big is None:
@@ -733,13 +737,16 @@ class _Rest:
     never dealt. Places from `dealt` on are not dealt yet; a pass reads the dealt ones
     first (all before them) and then deals on as it reads."""
 
-    __slots__ = ("waiting", "classes", "dealt", "left")
+    __slots__ = ("waiting", "classes", "dealt", "left", "shortest")
 
     def __init__(self, waiting: list[Request]) -> None:
         self.waiting = waiting
         self.classes: dict[str, dict[int, deque[int]]] = {}
         self.dealt = 0  # waiting[:dealt] are in the classes (or CPU-only)
         self.left = 0  # dealt requests not started yet
+        # per class (model, count): at most the shortest duration of its requests (None: no
+        # end, INF), kept by `ending_by`
+        self.shortest: dict[tuple[str, int], float] = {}
 
     def any_left(self) -> bool:
         """Whether a GPU request is still to start (dealing on to the first one if need be)."""
@@ -753,9 +760,10 @@ class _Rest:
         self.dealt = len(waiting)
         return False
 
-    def order(self, free: FreeMap) -> Iterator[Request]:
+    def order(self, free: FreeMap) -> _Reads:
         """The requests a pass on `free` reads, in order."""
         lists: list[Iterable[int]] = []
+        keys: list[tuple[str, int] | None] = []  # each list's class (None: one request)
         bigs: dict[str, int] = {}  # the largest free block per model at the pass's start
         too_big: set[str] = set()  # models whose first too-big request the pass reads
         for model, by_count in self.classes.items():
@@ -766,23 +774,48 @@ class _Rest:
                     continue
                 if count <= big:
                     lists.append(places)
+                    keys.append((model, count))
                 elif first_too_big is None or places[0] < first_too_big:
                     first_too_big = places[0]
             if first_too_big is not None:
                 lists.append((first_too_big,))
+                keys.append(None)
                 too_big.add(model)
-        waiting = self.waiting
-        if self.dealt < len(waiting):
-            # every dealt place comes before those still to deal
-            dealt = lists[0] if len(lists) == 1 else heapq.merge(*lists)
-            return itertools.chain(map(waiting.__getitem__, dealt), self._deal(free, bigs, too_big))
-        merged = lists[0] if len(lists) == 1 else heapq.merge(*lists)
-        return map(waiting.__getitem__, merged)
+        # every dealt place comes before those still to deal
+        passed: dict[tuple[str, int], tuple[float, float]] = {}  # see _Reads.pass_over
+        tail = None
+        if self.dealt < len(self.waiting):
+            tail = self._deal(free, bigs, too_big, passed)
+        return _Reads(self, lists, keys, tail, passed)
 
-    def _deal(self, free: FreeMap, bigs: dict[str, int], too_big: set[str]) -> Iterator[Request]:
+    def ending_by(self, key: tuple[str, int], now: float, at: float, after: int) -> list[int]:
+        """The places after `after` of the dealt requests of class `key` that, started
+        `now`, would end by `at`, in order (none where the bound kept on the class's
+        shortest duration tells so at once; else the bound is made exact)."""
+        if now + self.shortest.get(key, INF) > at:
+            return []
+        waiting, shortest, found = self.waiting, INF, []
+        for place in self.classes[key[0]][key[1]]:
+            duration = waiting[place].duration
+            if duration is not None:
+                if duration < shortest:
+                    shortest = duration
+                if place > after and not now + duration > at:
+                    found.append(place)
+        self.shortest[key] = shortest
+        return found
+
+    def _deal(
+        self,
+        free: FreeMap,
+        bigs: dict[str, int],
+        too_big: set[str],
+        passed: Mapping[tuple[str, int], tuple[float, float]],
+    ) -> Iterator[Request]:
         """Deal the requests not dealt yet, in order, yielding those the pass reads (as
-        `order` chooses them on the dealt ones)."""
-        waiting, classes = self.waiting, self.classes
+        `order` chooses them on the dealt ones, and as `_Reads.pass_over` cuts them down:
+        `passed` holds the (now, at) of each class it cut)."""
+        waiting, classes, shortest = self.waiting, self.classes, self.shortest
         for k in range(self.dealt, len(waiting)):
             req = waiting[k]
             count = req.count
@@ -798,11 +831,16 @@ class _Rest:
                 places = by_count[count] = deque()
             places.append(k)
             self.left += 1
+            duration = INF if req.duration is None else req.duration
+            if duration < shortest.get((model, count), INF):
+                shortest[model, count] = duration
             big = bigs.get(model)
             if big is None:
                 big = bigs[model] = free.largest(model)
             if count <= big:
-                yield req
+                cut = passed.get((model, count)) if passed else None
+                if cut is None or (req.duration is not None and not cut[0] + req.duration > cut[1]):
+                    yield req
             elif model not in too_big:
                 too_big.add(model)
                 yield req
@@ -814,3 +852,71 @@ class _Rest:
                 del places[k]
                 self.left -= 1
                 return
+
+
+class _Reads:
+    """The requests a forward pass reads (`_Rest.order`): the dealt classes' places merged
+    in order, then the requests still to deal (`tail`) as they are dealt; the pass may
+    leave part of a class unread (`pass_over`)."""
+
+    __slots__ = ("rest", "iters", "keys", "heap", "last", "place", "tail", "passed")
+
+    def __init__(
+        self,
+        rest: _Rest,
+        lists: list[Iterable[int]],
+        keys: list[tuple[str, int] | None],
+        tail: Iterator[Request] | None,
+        passed: dict[tuple[str, int], tuple[float, float]],
+    ) -> None:
+        self.rest, self.keys, self.tail, self.passed = rest, keys, tail, passed
+        self.iters = [iter(places) for places in lists]
+        self.heap: list[tuple[int, int]] = []  # (next place, list) of each list but `last`
+        for j, places in enumerate(self.iters):
+            first = next(places, None)
+            if first is not None:
+                self.heap.append((first, j))
+        heapq.heapify(self.heap)
+        self.last = -1  # the list that the request last read came from (-1: none, or the tail)
+        self.place = -1  # the place of the request last read from a list
+
+    def __iter__(self) -> _Reads:
+        return self
+
+    def __next__(self) -> Request:
+        heap, j = self.heap, self.last
+        place = None if j < 0 else next(self.iters[j], None)
+        if place is None:
+            if not heap:
+                self.last = -1
+                if self.tail is None:
+                    raise StopIteration
+                return next(self.tail)
+            place, j = heapq.heappop(heap)
+        elif heap and heap[0][0] < place:
+            place, j = heapq.heapreplace(heap, (place, j))
+        self.last, self.place = j, place
+        return self.rest.waiting[place]
+
+    def pass_over(
+        self,
+        hopeless: Container[tuple[str, int, int]],
+        model: str,
+        count: int,
+        now: float,
+        at: float,
+    ) -> None:
+        """The request just read was passed over: its shape found no room within its
+        model's reservation, which starts `at`. Of the rest of its class's dealt requests,
+        read only those that end by `at`: the others cannot start in this pass when there
+        is no room for one node of its GPUs. Room within a reservation only shrinks as a
+        pass starts requests (each takes GPUs, or holds some of the reservation's spare
+        ones), and a request of the class with a node limit or of several nodes needs that
+        same room, on fewer nodes or on more."""
+        key = (model, count)
+        if key in self.passed or (model, count, 1) not in hopeless:
+            return
+        self.passed[key] = (now, at)  # those still to deal, as they are dealt
+        j = self.last
+        if j >= 0:  # it came from its class's list, whose rest is cut down now
+            self.iters[j] = iter(self.rest.ending_by(key, now, at, self.place))
