@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from gpulease.runner.cgroups import (
     cgroup_version,
     derive_share,
     instance_cgroup,
+    remove_stale,
 )
 from gpulease.runner.jobs import RunProcess
 from gpulease.runner.logs import LogBatcher
@@ -103,6 +105,44 @@ def test_a_host_without_cgroups_runs_without_a_share(tmp_path: Path) -> None:
     assert found is None
 
 
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_runner_removes_the_empty_cgroups_of_runners_that_are_gone(tmp_path: Path) -> None:
+    gone, alive = dead_pid(), os.getpid()
+    kept = [
+        f"instance-7-{'a' * 10}-{alive}",  # a live runner's (maybe between its commands)
+        f"instance-8-{'b' * 10}",  # named before cgroups carried the runner's pid
+        "someone-else",
+    ]
+    v2 = fake_v2(tmp_path / "v2")
+    v1 = tmp_path / "v1"
+    for controller in ("cpu", "memory"):
+        (v1 / controller / "gpulease").mkdir(parents=True)
+        (v1 / controller / "tasks").write_text("")
+    parents = [v2 / "gpulease", v1 / "cpu" / "gpulease", v1 / "memory" / "gpulease"]
+    for parent in parents:
+        for name in [f"instance-5-{'c' * 10}-{gone}", *kept]:
+            (parent / name).mkdir()
+        # a process still in it: the kernel refuses the rmdir (here: a file in it)
+        busy = parent / f"instance-6-{'d' * 10}-{gone}"
+        busy.mkdir()
+        (busy / "cgroup.procs").write_text("123\n")
+
+    assert remove_stale(v2, 2) == 1
+    group = instance_cgroup(
+        9, tmp_path / "runs" / "9", vcpus=1, memory_bytes=GB, gpus=0, node_gpus=0, root=v1
+    )
+    assert group is not None and group.name.endswith(f"-{alive}")  # and it swept v1's
+    for parent in parents:
+        left = sorted(entry.name for entry in parent.iterdir() if entry.is_dir())
+        assert left == sorted([*kept, f"instance-6-{'d' * 10}-{gone}"]), parent
+
+
 BWRAP = find_bwrap()
 needs_host = pytest.mark.skipif(
     BWRAP is None or os.geteuid() != 0 or cgroup_version() is None,
@@ -165,6 +205,29 @@ def test_out_of_memory_ends_only_that_run_and_says_so(tmp_path: Path) -> None:
     for jail in (greedy, other):
         assert jail.cgroup is not None
         assert not any(directory.exists() for directory in jail.cgroup.directories)
+
+
+@needs_host
+def test_a_killed_runners_cgroup_goes_once_empty() -> None:
+    name = f"instance-{INSTANCE_ID}-{'e' * 10}-{dead_pid()}"
+    group = InstanceCgroup.for_host(name, Share(0.5, GB))
+    group.create()
+    stays = subprocess.Popen([*group.enter_args(), "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        procs = group.directories[0] / "cgroup.procs"
+        while str(stays.pid) not in procs.read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert str(stays.pid) in procs.read_text().split()
+        remove_stale(group.root, group.version)  # a job of it still runs: it stays
+        assert all(directory.exists() for directory in group.directories)
+    finally:
+        stays.kill()
+        stays.wait()
+    deadline = time.monotonic() + 5
+    while remove_stale(group.root, group.version) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # a killed process takes a moment to leave its cgroup
+    assert not any(directory.exists() for directory in group.directories)
 
 
 @needs_host

@@ -9,6 +9,11 @@ cpu.cfs_quota_us and memory.limit_in_bytes (and memsw, where swap accounting is 
 A job that allocates past the limit meets the kernel's OOM killer inside its own cgroup: it
 loses its own process, other instances and the runner never notice. The OOM counter
 (memory.events / memory.oom_control) tells the runner afterwards why the job died.
+
+A cgroup's name ends in the pid of the runner that made it. The runner removes it when the
+instance stops; a runner that was killed cannot, so each runner, when it makes its own,
+removes the empty ones whose runner is gone (a live runner's are never touched: between
+making its cgroup and moving a command into it, nothing else may take it away).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import errno
 import hashlib
 import logging
 import os
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -33,6 +39,8 @@ MIN_MEMORY_BYTES = 64 * 2**20
 CPU_ONLY_VCPUS = 2.0
 CPU_ONLY_MEMORY_BYTES = 8 * 2**30
 _SH = "/bin/sh"
+# instance-ID-TAG-PID: the instance, the runner directory's tag, the runner's pid.
+_INSTANCE_NAME = re.compile(r"instance-[0-9]+-[0-9a-f]{10}-([0-9]+)")
 
 
 class CgroupError(Exception):
@@ -202,6 +210,46 @@ class InstanceCgroup:
                 break
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process pid exists on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(root: Path = CGROUP_ROOT, version: int = 2) -> int:
+    """Remove the instance cgroups left by runners that are gone (killed before they could
+    remove their own: the name's pid is no process now) and that are empty; how many went.
+    One with a process still in it stays (the kernel refuses), as does any name this module
+    did not make."""
+    parents = [root / PARENT] if version == 2 else [root / c / PARENT for c in ("cpu", "memory")]
+    removed = 0
+    for parent in parents:
+        try:
+            entries = list(os.scandir(parent))
+        except OSError:
+            continue
+        for entry in entries:
+            found = _INSTANCE_NAME.fullmatch(entry.name)
+            if found is None or pid_alive(int(found[1])) or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                os.rmdir(entry.path)
+            except FileNotFoundError:
+                continue  # another runner removed it first
+            except OSError as exc:
+                log.warning("cgroup %s of a runner that is gone stays: %s", entry.path, exc)
+                continue
+            removed += 1
+    if removed:
+        log.info("removed %d empty cgroup(s) of runners that are gone", removed)
+    return removed
+
+
 def instance_cgroup(
     instance_id: int,
     run_dir: Path,
@@ -212,13 +260,17 @@ def instance_cgroup(
     node_gpus: int,
     root: Path = CGROUP_ROOT,
 ) -> InstanceCgroup | None:
-    """The cgroup of a runner's instance (named by the instance and the runner's directory,
-    so that two servers on one host never share one); None, with a warning, on a host
-    without cgroups: its jobs then run without a share."""
+    """The cgroup of a runner's instance (named by the instance, the runner's directory, so
+    that two servers on one host never share one, and this runner's pid); None, with a
+    warning, on a host without cgroups: its jobs then run without a share. Removes the
+    empty cgroups of runners that are gone on the way (remove_stale)."""
     share = derive_share(vcpus=vcpus, memory_bytes=memory_bytes, gpus=gpus, node_gpus=node_gpus)
     tag = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:10]
+    name = f"instance-{instance_id}-{tag}-{os.getpid()}"
     try:
-        return InstanceCgroup.for_host(f"instance-{instance_id}-{tag}", share, root)
+        group = InstanceCgroup.for_host(name, share, root)
     except CgroupError as exc:
         log.warning("instance %d runs without a CPU and memory share: %s", instance_id, exc)
         return None
+    remove_stale(root, group.version)
+    return group

@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from gpulease.runner.cgroups import pid_alive
 from gpulease.schemas.runner import FabricLink
 
 log = logging.getLogger(__name__)
@@ -293,16 +294,6 @@ def _tools() -> dict[str, str]:
     if missing:
         raise NetworkError(f"{', '.join(missing)} not found; {_INSTALL_HINT}")
     return {name: path for name, path in found.items() if path is not None}
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class InstanceNetwork:
@@ -561,7 +552,7 @@ def _remove_stale(root: Path, umount: str) -> None:
     for entry in root.iterdir():
         stem = entry.name.removesuffix(".resolv.conf")
         _, _, pid = stem.rpartition("-")
-        if not pid.isdigit() or _pid_alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         if not entry.name.endswith(".resolv.conf"):
             with contextlib.suppress(NetworkError):
