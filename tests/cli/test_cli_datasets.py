@@ -17,6 +17,7 @@ def test_push_ls_show_rm(cli: Cli, tmp_path: Path) -> None:
     pushed = cli("dataset", "push", str(tmp_path / "cat_images"))  # the name from the directory
     assert pushed.exit_code == 0, pushed.output
     assert "pushed cat_images v1: 50 files" in pushed.stdout
+    assert "the rest was on the server" not in pushed.stdout  # all of it was sent
     assert "50/50 files" in pushed.stderr  # the progress bar
     again = json.loads(
         cli(
@@ -28,6 +29,7 @@ def test_push_ls_show_rm(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "cat_images" / "class_0" / "img_00000.bin").write_bytes(b"changed")
     changed = cli("dataset", "push", str(tmp_path / "cat_images"))
     assert "pushed cat_images v2: 50 files" in changed.stdout
+    assert "(the rest was on the server already)" in changed.stdout  # one file's chunk sent
 
     listing = cli("dataset", "ls")
     assert "cat_images" in listing.stdout and "v2" in listing.stdout and "50" in listing.stdout

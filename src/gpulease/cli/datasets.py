@@ -118,10 +118,11 @@ def push(
         out.console().print(words, markup=False)
         return
     rate = result.files / max(result.seconds, 1e-6)
+    shared = " (the rest was on the server already)" if result.sent_bytes < result.size else ""
     out.console().print(
         f"pushed {result.dataset.name} v{result.dataset.current_version}: "
         f"{result.files:,} files, {format_bytes(result.size)}; sent "
-        f"{format_bytes(result.sent_bytes)} (the rest was on the server already) in "
+        f"{format_bytes(result.sent_bytes)}{shared} in "
         f"{result.seconds:.1f} s, {rate:,.0f} files/s",
         markup=False,
     )
