@@ -3,6 +3,7 @@ the policy's order, placement and forward simulation are computed."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -171,6 +172,14 @@ def test_the_order_is_the_documented_key_whatever_the_queue_order(seed: int, pol
             ),
         )
         assert order == key
+    if policy == "srtf":  # shortest remaining time first (unknown: last)
+
+        def remaining(r: Request) -> float:
+            if r.duration is None:
+                return math.inf
+            return max(0.0, r.duration - r.attained / max(1, r.count * r.nodes))
+
+        assert order == sorted(s.queue, key=lambda r: (remaining(r), r.arrival, r.id))
     if policy in ("default", "las", "srtf"):  # (arrival, id) breaks every tie
         shuffled = list(s.queue)
         rng.shuffle(shuffled)

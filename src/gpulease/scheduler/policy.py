@@ -273,7 +273,12 @@ def _order(queue: Sequence[Request], usage: Mapping[str, float], config: Config)
     if policy in ("fifo", "backfill"):
         return list(queue)  # the queue comes in arrival order
     if policy == "srtf":
-        return sorted(queue, key=lambda r: (_remaining(r), r.arrival, r.id))
+        # (remaining, arrival, id) in three stable sorts: the tie-breaks first, on C keys,
+        # then the remaining time alone, so that the sort compares floats, not tuples
+        shortest = sorted(queue, key=_BY_ID)
+        shortest.sort(key=_BY_ARRIVAL)
+        shortest.sort(key=_remaining)
+        return shortest
     # default and las: a few classes, each in (arrival, id) order. Sorting on the whole key
     # would compare the many requests of one class on all of it; instead the queue is dealt
     # into its classes in (arrival, id) order, which are then taken in order. The queue
