@@ -102,6 +102,13 @@ def cgroup_version(root: Path = CGROUP_ROOT) -> int | None:
     return None
 
 
+def _parents(root: Path, version: int) -> list[Path]:
+    """Where the instance cgroups live: v2's one hierarchy, or v1's cpu and then memory."""
+    if version == 2:
+        return [root / PARENT]
+    return [root / "cpu" / PARENT, root / "memory" / PARENT]
+
+
 def _write(path: Path, value: str) -> None:
     try:
         path.write_text(value)
@@ -133,9 +140,7 @@ class InstanceCgroup:
 
     @property
     def directories(self) -> list[Path]:
-        if self.version == 2:
-            return [self.root / PARENT / self.name]
-        return [self.root / "cpu" / PARENT / self.name, self.root / "memory" / PARENT / self.name]
+        return [parent / self.name for parent in _parents(self.root, self.version)]
 
     def create(self) -> None:
         quota = max(1000, round(self.share.vcpus * CPU_PERIOD_US))
@@ -226,9 +231,8 @@ def remove_stale(root: Path = CGROUP_ROOT, version: int = 2) -> int:
     remove their own: the name's pid is no process now) and that are empty; how many went.
     One with a process still in it stays (the kernel refuses), as does any name this module
     did not make."""
-    parents = [root / PARENT] if version == 2 else [root / c / PARENT for c in ("cpu", "memory")]
     removed = 0
-    for parent in parents:
+    for parent in _parents(root, version):
         try:
             entries = list(os.scandir(parent))
         except OSError:
