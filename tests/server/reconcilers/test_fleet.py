@@ -229,7 +229,9 @@ def test_a_spot_instance_on_a_node_that_leaves_is_queued_again_with_its_run(
     assert got["node"] != dead
     assert backend.started[-1].node == got["node"]
     with transaction(rt.sessions) as session:
-        runs = session.scalars(select(Run).where(Run.instance_id == instance_id)).all()
+        runs = session.scalars(
+            select(Run).where(Run.instance_id == instance_id).order_by(Run.id)
+        ).all()
         assert [(r.status, r.status_reason) for r in runs] == [
             ("failed", f"node {dead} left the cluster"),
             ("pending", ""),
