@@ -11,6 +11,7 @@ import httpx
 from factories import Caller, RunnerDouble, make_running_instance
 from gpulease.server.db import transaction
 from gpulease.server.orm import Instance
+from gpulease.server.routers.api.runner import MAX_WAIT_S
 from gpulease.server.runtime import Runtime
 
 
@@ -25,11 +26,11 @@ def test_a_pending_run_answers_the_long_poll_at_once(
 ) -> None:
     instance_id, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
     run = ann.post(f"/api/v1/instances/{instance_id}/runs", json={"command": "true"}).json()
-    took, response = _poll(runner, 20)
+    took, response = _poll(runner, MAX_WAIT_S)
     assert response.status_code == 200, response.text
     assert [r["id"] for r in response.json()["runs"]] == [run["id"]]
     assert response.json()["stop"] is False
-    assert took < 10  # far below the 20 s wait
+    assert took < MAX_WAIT_S * 2 / 3  # at once, not at the end of its wait (room for a loaded host)
 
 
 def test_with_nothing_to_do_the_long_poll_answers_empty_after_its_wait(
@@ -53,15 +54,16 @@ def test_a_stop_answers_a_waiting_long_poll(
 ) -> None:
     instance_id, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
     answers: list[tuple[float, httpx.Response]] = []
-    poller = threading.Thread(target=lambda: answers.append(_poll(runner, 20)))
+    poller = threading.Thread(target=lambda: answers.append(_poll(runner, MAX_WAIT_S)))
     poller.start()
     time.sleep(0.3)  # the poll is waiting by now
     assert ann.post(f"/api/v1/instances/{instance_id}/stop").status_code < 300
-    poller.join(timeout=30)
+    poller.join(timeout=MAX_WAIT_S + 10)
     ((took, response),) = answers
     assert response.status_code == 200, response.text
     assert response.json()["stop"] is True
-    assert took < 10  # woken by the stop, not by the end of its 20 s wait
+    # woken by the stop, not by the end of its wait (a stop under load took 11 s once)
+    assert took < MAX_WAIT_S * 2 / 3
 
 
 def test_another_users_stop_does_not_reach_this_runner(
