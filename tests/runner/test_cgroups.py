@@ -56,6 +56,13 @@ def fake_v2(root: Path) -> Path:
     return root
 
 
+def fake_v1(root: Path) -> Path:
+    for controller in ("cpu", "memory"):
+        (root / controller).mkdir(parents=True)
+        (root / controller / "tasks").write_text("")
+    return root
+
+
 def test_v2_limits(tmp_path: Path) -> None:
     root = fake_v2(tmp_path / "v2")
     assert cgroup_version(root) == 2
@@ -76,10 +83,7 @@ def test_v2_limits(tmp_path: Path) -> None:
 
 
 def test_v1_limits(tmp_path: Path) -> None:
-    root = tmp_path / "v1"
-    for controller in ("cpu", "memory"):
-        (root / controller).mkdir(parents=True)
-        (root / controller / "tasks").write_text("")
+    root = fake_v1(tmp_path / "v1")
     assert cgroup_version(root) == 1
     group = InstanceCgroup.for_host("instance-4", Share(0.5, GB), root)
     group.create()
@@ -120,12 +124,10 @@ def test_a_runner_removes_the_empty_cgroups_of_runners_that_are_gone(tmp_path: P
         "someone-else",
     ]
     v2 = fake_v2(tmp_path / "v2")
-    v1 = tmp_path / "v1"
-    for controller in ("cpu", "memory"):
-        (v1 / controller / "gpulease").mkdir(parents=True)
-        (v1 / controller / "tasks").write_text("")
+    v1 = fake_v1(tmp_path / "v1")
     parents = [v2 / "gpulease", v1 / "cpu" / "gpulease", v1 / "memory" / "gpulease"]
     for parent in parents:
+        parent.mkdir(exist_ok=True)
         for name in [f"instance-5-{'c' * 10}-{gone}", *kept]:
             (parent / name).mkdir()
         # a process still in it: the kernel refuses the rmdir (here: a file in it)
