@@ -163,6 +163,29 @@ def test_run_task_file_uploads_runs_streams_and_releases(cli: Cli, tmp_path: Pat
     cli.server.cluster.wait_for(lambda: ann.instances.get(instance.id).status == "released")
 
 
+def test_run_that_ends_between_two_polls_still_names_its_run_and_command(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow poller first sees the instance released: the run it made had started."""
+    ann = cli.login_as("ann")
+    project = task_dir(tmp_path)
+    cli.server.cluster.job = lambda run: ([("stdout", "done\n")], 0)
+
+    def sleep(seconds: float) -> None:
+        if not cli.server.cluster.runs:
+            cli.server.cluster.start()
+            cli.server.cluster.wait_for(
+                lambda: ann.instances.list(include_released=True)[0].status == "released"
+            )
+
+    monkeypatch.setattr(instances, "time", SimpleNamespace(sleep=sleep))
+    result = cli("run", str(project / "task.yaml"))
+    assert result.exit_code == 0, result.output
+    (listed,) = ann.runs.list()
+    assert f"run {listed.id}, task 'Cat Breeds_v2!': python train.py\n" in result.stderr
+    assert "is running" not in result.stderr
+
+
 def test_run_picks_among_skypilot_accelerators_and_warns_of_cloud_fields(
     cli: Cli, tmp_path: Path
 ) -> None:

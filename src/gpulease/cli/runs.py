@@ -510,9 +510,13 @@ def follow_task(
             _release(client, instance.id, instance.name)  # nothing would ever release it
             raise explained from exc
         instance = wait_until_started(client, instance.id)
+        task = f"task {spec.name!r}: " if spec.name else ""
         if instance.status == "running":
-            task = f"task {spec.name!r}: " if spec.name else ""
             note(f"instance {instance.name} is running; run {run.id}, {task}{first_line(spec.run)}")
+        elif client.runs.get(run.id).started_at is not None:
+            # A short run can start and end (and its instance be released) between two
+            # polls: it still gets the line that says which run and command it was.
+            note(f"run {run.id}, {task}{first_line(spec.run)}")
         end = stream_run(client, run.id)
     except KeyboardInterrupt:
         return _interrupted(client, instance)
