@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.errors import PaymentRequired
 from gpulease.core.money import format_credits
-from gpulease.server.db import transaction, utcnow
+from gpulease.server.db import readers, transaction, utcnow
 from gpulease.server.orm import DatasetUsage, Instance, StorageMeter
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import ledger, notifications
@@ -73,48 +73,76 @@ def budgets(rt: Runtime) -> None:
     """Stop live instances of wallets whose monthly budget or member limit is spent, and
     warn owners whose balance runs low."""
     now = utcnow()
-    symbol = rt.catalog.currency_symbol
+    # Read first, without the write lock: on most ticks no wallet is over or low.
+    with transaction(readers(rt.sessions)) as session:
+        if not _budgets(session, rt, now, act=False):
+            return
     with transaction(rt.sessions) as session:
-        live = session.scalars(select(Instance).where(Instance.status.in_(LIVE))).all()
-        wallets = {(i.owner_id, i.team_id) for i in live}
-        for owner_id, team_id in sorted(wallets, key=lambda w: (w[0], w[1] or 0)):
-            reason = limits.over_budget(session, owner_id, team_id, now)
-            if reason:
-                for instance in live:
-                    if (instance.owner_id, instance.team_id) == (owner_id, team_id):
-                        stop_instance(session, instance, f"stopped: {reason}; workspace kept")
-                notifications.notify_once(
-                    session,
-                    owner_id,
-                    "budget_reached",
-                    f"budget:{owner_id}:{team_id}:{now:%Y-%m}",
-                    f"{reason}: your instances on that wallet were stopped (workspaces kept)",
-                )
-        for owner_id in sorted({w[0] for w in wallets if w[1] is None}):
-            spend = limits.hourly_spend(session, owner_id)
-            threshold = limits.caps_of(session, owner_id).low_balance_micro
-            if threshold is None:
-                threshold = spend * rt.settings.low_balance_minutes // 60
-            balance = ledger.balance(session, owner_id)
-            if spend > 0 and 0 < balance < threshold:
-                left = int(balance * 60 / spend)
-                notifications.notify_once(
-                    session,
-                    owner_id,
-                    "low_balance",
-                    f"low-balance:{owner_id}:{now:%Y-%m-%d}",
-                    f"low balance: {format_credits(balance, symbol)} left, about {left} min at "
-                    f"your current {format_credits(spend, symbol)}/h; instances stop at zero",
-                )
+        _budgets(session, rt, now, act=True)
+
+
+def _budgets(session: Session, rt: Runtime, now: datetime, *, act: bool) -> bool:
+    """Whether a wallet is over its budget or an owner's balance is low; with act, stop
+    the wallet's live instances and send the notices."""
+    symbol = rt.catalog.currency_symbol
+    found = False
+    live = session.scalars(select(Instance).where(Instance.status.in_(LIVE))).all()
+    wallets = {(i.owner_id, i.team_id) for i in live}
+    for owner_id, team_id in sorted(wallets, key=lambda w: (w[0], w[1] or 0)):
+        reason = limits.over_budget(session, owner_id, team_id, now)
+        if reason:
+            if not act:
+                return True
+            found = True
+            for instance in live:
+                if (instance.owner_id, instance.team_id) == (owner_id, team_id):
+                    stop_instance(session, instance, f"stopped: {reason}; workspace kept")
+            notifications.notify_once(
+                session,
+                owner_id,
+                "budget_reached",
+                f"budget:{owner_id}:{team_id}:{now:%Y-%m}",
+                f"{reason}: your instances on that wallet were stopped (workspaces kept)",
+            )
+    for owner_id in sorted({w[0] for w in wallets if w[1] is None}):
+        spend = limits.hourly_spend(session, owner_id)
+        threshold = limits.caps_of(session, owner_id).low_balance_micro
+        if threshold is None:
+            threshold = spend * rt.settings.low_balance_minutes // 60
+        balance = ledger.balance(session, owner_id)
+        if spend > 0 and 0 < balance < threshold:
+            if not act:
+                return True
+            found = True
+            left = int(balance * 60 / spend)
+            notifications.notify_once(
+                session,
+                owner_id,
+                "low_balance",
+                f"low-balance:{owner_id}:{now:%Y-%m-%d}",
+                f"low balance: {format_credits(balance, symbol)} left, about {left} min at "
+                f"your current {format_credits(spend, symbol)}/h; instances stop at zero",
+            )
+    return found
 
 
 def release_stopped(rt: Runtime) -> None:
     now = utcnow()
     keep = timedelta(days=rt.settings.stopped_release_days)
+    stopped = select(Instance).where(Instance.status.in_((STOPPED, FAILED)))
+    # Read first, without the write lock: most stopped instances are days from their first
+    # warning, and the write transaction below is only for those that are not.
+    first_warning = timedelta(days=max(rt.settings.release_warnings, default=0))
+    with transaction(readers(rt.sessions)) as session:
+        due = [
+            i.id
+            for i in session.scalars(stopped)
+            if i.stopped_at is not None and now >= i.stopped_at + keep - first_warning
+        ]
+    if not due:
+        return
     with transaction(rt.sessions) as session:
-        for instance in session.scalars(
-            select(Instance).where(Instance.status.in_((STOPPED, FAILED)))
-        ).all():
+        for instance in session.scalars(stopped.where(Instance.id.in_(due))).all():
             if instance.stopped_at is None or plans.holds_reservation(instance, now):
                 continue
             release_at = instance.stopped_at + keep
@@ -176,7 +204,7 @@ def workspace_storage(rt: Runtime) -> None:
     now = utcnow()
     price = rt.settings.storage_price_micro
     on_disk = rt.backend.same_host
-    with transaction(rt.sessions) as session:
+    with transaction(readers(rt.sessions)) as session:  # measured outside any transaction
         rows = [
             (i.id, i.owner_id, i.team_id, i.workspace, i.status, i.workspace_snapshot_bytes)
             for i in session.scalars(select(Instance).where(Instance.workspace.is_not(None)))

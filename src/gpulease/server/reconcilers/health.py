@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
-from gpulease.server.db import transaction, utcnow
+from gpulease.server.db import readers, transaction, utcnow
 from gpulease.server.orm import Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import notifications
@@ -22,7 +22,7 @@ def tick(rt: Runtime, *, check_all: bool = False, now: datetime | None = None) -
     time) is when silence is measured to. Returns failed ids."""
     timeout = timedelta(seconds=rt.settings.heartbeat_timeout_s)
     now = now or utcnow()
-    with transaction(rt.sessions) as session:
+    with transaction(readers(rt.sessions)) as session:  # only reads: no write lock
         rows = [
             (i.id, i.status, i.runner_handle, i.last_heartbeat_at or i.runner_launched_at)
             for i in session.scalars(

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from gpulease.backends.base import RunnerSpec
 from gpulease.core.errors import InvalidInput
 from gpulease.server import runner_socket
-from gpulease.server.db import transaction, utcnow
+from gpulease.server.db import readers, transaction, utcnow
 from gpulease.server.orm import Gpu, Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.security import RUNNER_TOKEN_PREFIX, hash_token, new_token
@@ -44,12 +44,15 @@ def tick(rt: Runtime) -> None:
 
 def stop_broken_gangs(rt: Runtime) -> None:
     """The other ranks of a multi-node run one of whose ranks failed or was stopped."""
+    with transaction(readers(rt.sessions)) as session:
+        if not gangs.any_live(session):  # the usual case: no write lock taken for nothing
+            return
     with transaction(rt.sessions) as session:
         gangs.stop_broken(session)
 
 
 def launch_placed(rt: Runtime) -> None:
-    with transaction(rt.sessions) as session:
+    with transaction(readers(rt.sessions)) as session:  # each launch claims its own
         ids = list(
             session.scalars(
                 select(Instance.id).where(
@@ -202,7 +205,7 @@ def finish_stops(rt: Runtime, now: datetime | None = None) -> None:
     grace = timedelta(seconds=rt.settings.stop_grace_s)
     save_max = timedelta(seconds=rt.settings.workspace_save_max_s)
     now = now or utcnow()
-    with transaction(rt.sessions) as session:
+    with transaction(readers(rt.sessions)) as session:  # _stopped checks the status again
         rows = [
             (
                 i.id,
@@ -257,7 +260,7 @@ def forget_released_workspaces(rt: Runtime) -> None:
     """Released instances whose workspace may still be elsewhere than the server's disk:
     its snapshot in the blob store is deleted (with its key), and its node is asked to
     delete the node's copy (a node that is gone keeps it until its operator cleans up)."""
-    with transaction(rt.sessions) as session:
+    with transaction(readers(rt.sessions)) as session:
         rows = [
             (i.id, i.last_node.name if i.last_node is not None else None, i.workspace)
             for i in session.scalars(
@@ -284,12 +287,14 @@ def forget_released_workspaces(rt: Runtime) -> None:
 
 
 def finish_releases(rt: Runtime) -> None:
+    releasable = select(Instance).where(
+        Instance.desired_state == "released", Instance.status.in_((STOPPED, FAILED))
+    )
+    with transaction(readers(rt.sessions)) as session:
+        if session.scalar(releasable.with_only_columns(Instance.id).limit(1)) is None:
+            return
     with transaction(rt.sessions) as session:
-        for instance in session.scalars(
-            select(Instance).where(
-                Instance.desired_state == "released", Instance.status.in_((STOPPED, FAILED))
-            )
-        ):
+        for instance in session.scalars(releasable):
             finish_release(session, instance)
             notifications.notify(
                 session,

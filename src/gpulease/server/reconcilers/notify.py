@@ -8,7 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
-from gpulease.server.db import transaction, utcnow
+from gpulease.server.db import readers, transaction, utcnow
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import notification_delivery
 
@@ -20,8 +20,12 @@ def tick(rt: Runtime, now: datetime | None = None) -> int:
     """Send what is due at `now` (tests pass a later time instead of waiting out a backoff);
     returns how many were delivered. Up to SENDERS go out in parallel."""
     settings = rt.settings
+    now = now or utcnow()
+    with transaction(readers(rt.sessions)) as session:
+        if not notification_delivery.any_due(session, now):
+            return 0
     with transaction(rt.sessions) as session:
-        jobs = notification_delivery.claim(session, settings, now or utcnow())
+        jobs = notification_delivery.claim(session, settings, now)
     if not jobs:
         return 0
     if len(jobs) == 1:
@@ -31,7 +35,7 @@ def tick(rt: Runtime, now: datetime | None = None) -> int:
             outcomes = list(pool.map(lambda job: notification_delivery.send(job, settings), jobs))
     delivered = 0
     with transaction(rt.sessions) as session:
-        now = max(now or utcnow(), utcnow())
+        now = max(now, utcnow())
         for job, error in zip(jobs, outcomes, strict=True):
             kept = notification_delivery.record(
                 session, job, error, now, settings.notify_max_attempts

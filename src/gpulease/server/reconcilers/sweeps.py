@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from gpulease.server.db import transaction, utcnow
+from gpulease.server.db import readers, transaction, utcnow
 from gpulease.server.orm import Sweep
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import sweeps
@@ -15,7 +15,7 @@ def tick(rt: Runtime, now: datetime | None = None) -> int:
     short transaction: the stop is an intent (the launcher stops the runner), so nothing
     here leaves the database. Returns how many trials it stopped."""
     now = now or utcnow()
-    with transaction(rt.sessions) as session:
+    with transaction(readers(rt.sessions)) as session:
         ids = sweeps.live_sweep_ids(session)
     stopped = 0
     for sweep_id in ids:

@@ -15,7 +15,7 @@ from email.message import EmailMessage
 from email.utils import make_msgid
 
 import httpx
-from sqlalchemy import or_, select, update
+from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpulease.server.orm import Notification, NotificationChannel, NotificationDelivery, User
@@ -73,6 +73,21 @@ def backoff(attempts: int) -> timedelta:
     return timedelta(seconds=min(FIRST_RETRY_S * 2 ** max(attempts - 1, 0), LONGEST_WAIT_S))
 
 
+def _due(now: datetime) -> tuple[ColumnElement[bool], ...]:
+    """A delivery that is pending, due by now and not leased to a sender."""
+    return (
+        NotificationDelivery.status == "pending",
+        NotificationDelivery.next_attempt_at <= now,
+        or_(NotificationDelivery.lease_until.is_(None), NotificationDelivery.lease_until < now),
+    )
+
+
+def any_due(session: Session, now: datetime) -> bool:
+    """Whether claim would find a delivery (read in a read-only transaction first, the usual
+    answer being no, so that the sender's every tick takes no write lock for nothing)."""
+    return session.scalar(select(NotificationDelivery.id).where(*_due(now)).limit(1)) is not None
+
+
 def claim(session: Session, settings: Settings, now: datetime, limit: int = BATCH) -> list[Job]:
     """Lease due deliveries to this caller. Deliveries that can no longer be sent (channel
     removed or turned off, email without SMTP) are closed here, never attempted."""
@@ -81,14 +96,7 @@ def claim(session: Session, settings: Settings, now: datetime, limit: int = BATC
         .join(NotificationChannel, NotificationChannel.id == NotificationDelivery.channel_id)
         .join(Notification, Notification.id == NotificationDelivery.notification_id)
         .join(User, User.id == Notification.user_id)
-        .where(
-            NotificationDelivery.status == "pending",
-            NotificationDelivery.next_attempt_at <= now,
-            or_(
-                NotificationDelivery.lease_until.is_(None),
-                NotificationDelivery.lease_until < now,
-            ),
-        )
+        .where(*_due(now))
         .order_by(NotificationDelivery.next_attempt_at, NotificationDelivery.id)
         .limit(limit)
     ).all()

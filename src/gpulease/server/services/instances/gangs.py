@@ -229,6 +229,15 @@ def free_fabric_addresses(
     return free
 
 
+def any_live(session: Session) -> bool:
+    """Whether any member of a multi-node run is queued, starting or running (the gangs
+    stop_broken looks at)."""
+    live = select(Instance.id).where(
+        Instance.gang_id.is_not(None), Instance.status.in_((QUEUED, STARTING, RUNNING))
+    )
+    return session.scalar(live.limit(1)) is not None
+
+
 def stop_broken(session: Session) -> int:
     """A gang runs together or not at all: once a member has ended other than by its run
     succeeding (its run failed, its runner or node died, it was stopped), the members still

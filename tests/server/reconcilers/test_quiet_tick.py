@@ -1,0 +1,112 @@
+"""The reconcilers run every second: on a server with nothing for them to do, the steps that
+only look (launcher, health, sweeps, notification sender, budgets, stopped-instance
+release) open no write transaction, which on SQLite would hold every API write back while
+they read. Each reads first, without the write lock, and writes only when it has work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import event
+
+from factories import Caller, RunnerDouble, make_running_instance
+from gpulease.server.db import READ_ONLY, transaction
+from gpulease.server.orm import Instance
+from gpulease.server.reconcilers import billing, health, launcher, notify, sweeps
+from gpulease.server.runtime import Runtime
+
+LOOKING = (
+    launcher.tick,
+    health.tick,
+    sweeps.tick,
+    notify.tick,
+    billing.budgets,
+    billing.release_stopped,
+)
+
+
+@pytest.fixture
+def writes(rt: Runtime) -> Iterator[list[str]]:
+    """The write transactions begun on rt's engine (a read-only one is a deferred BEGIN on
+    SQLite, autocommit statements on PostgreSQL), each as the statement that followed."""
+    begun: list[str] = []
+    pending: set[int] = set()
+
+    def began(conn):  # type: ignore[no-untyped-def]
+        options = conn.get_execution_options()
+        if not options.get(READ_ONLY) and options.get("isolation_level") != "AUTOCOMMIT":
+            pending.add(id(conn))
+
+    def executed(conn, _cursor, statement, *_args):  # type: ignore[no-untyped-def]
+        if id(conn) in pending and not statement.startswith("BEGIN"):
+            pending.discard(id(conn))
+            begun.append(statement.split("\n")[0])
+
+    event.listen(rt.engine, "begin", began)
+    event.listen(rt.engine, "before_cursor_execute", executed)
+    yield begun
+    event.remove(rt.engine, "begin", began)
+    event.remove(rt.engine, "before_cursor_execute", executed)
+
+
+def stopped_instance(
+    ann: Caller, tick: Callable[[], None], runner_for: Callable[[int], RunnerDouble]
+) -> int:
+    instance_id, runner = make_running_instance(ann, tick, runner_for, gpu="T4:1")
+    assert ann.post(f"/api/v1/instances/{instance_id}/stop").status_code == 200
+    runner.stopped()
+    tick()
+    return instance_id
+
+
+def test_a_quiet_tick_only_reads(
+    ann: Caller,
+    rt: Runtime,
+    tick: Callable[[], None],
+    runner_for: Callable[[int], RunnerDouble],
+    writes: list[str],
+) -> None:
+    # a running instance whose runner heartbeats, and one stopped long before its release
+    running, _ = make_running_instance(ann, tick, runner_for)
+    stopped = stopped_instance(ann, tick, runner_for)
+    with transaction(rt.sessions) as session:
+        statuses = {i.id: i.status for i in session.query(Instance)}
+    assert statuses == {running: "running", stopped: "stopped"}
+    writes.clear()
+
+    for step in LOOKING:
+        step(rt)
+    assert writes == []
+
+    # and still write when there is something to do: the owner releases the stopped one
+    assert ann.post(f"/api/v1/instances/{stopped}/release").status_code == 200
+    writes.clear()
+    for step in LOOKING:
+        step(rt)
+    assert writes
+    with transaction(rt.sessions) as session:
+        assert session.get(Instance, stopped).status == "released"  # type: ignore[union-attr]
+
+
+def test_release_stopped_writes_only_for_instances_near_their_release(
+    ann: Caller,
+    rt: Runtime,
+    tick: Callable[[], None],
+    runner_for: Callable[[int], RunnerDouble],
+    writes: list[str],
+) -> None:
+    stopped = stopped_instance(ann, tick, runner_for)
+    writes.clear()
+    billing.release_stopped(rt)
+    assert writes == []
+
+    keep = timedelta(days=rt.settings.stopped_release_days)
+    with transaction(rt.sessions) as session:
+        instance = session.get(Instance, stopped)
+        assert instance is not None and instance.stopped_at is not None
+        instance.stopped_at -= keep + timedelta(minutes=1)
+    billing.release_stopped(rt)
+    with transaction(rt.sessions) as session:
+        assert session.get(Instance, stopped).status == "released"  # type: ignore[union-attr]
