@@ -61,52 +61,36 @@ def stopped_instance(
     return instance_id
 
 
-def test_a_quiet_tick_only_reads(
+def test_a_quiet_tick_only_reads_and_writes_once_there_is_work(
     ann: Caller,
     rt: Runtime,
     tick: Callable[[], None],
     runner_for: Callable[[int], RunnerDouble],
     writes: list[str],
 ) -> None:
-    # a running instance whose runner heartbeats, and one stopped long before its release
+    # a running instance whose runner heartbeats, two stopped long before their release
     running, _ = make_running_instance(ann, tick, runner_for)
-    stopped = stopped_instance(ann, tick, runner_for)
+    released, aged = (stopped_instance(ann, tick, runner_for) for _ in range(2))
     with transaction(rt.sessions) as session:
         statuses = {i.id: i.status for i in session.query(Instance)}
-    assert statuses == {running: "running", stopped: "stopped"}
+    assert statuses == {running: "running", released: "stopped", aged: "stopped"}
     writes.clear()
 
     for step in LOOKING:
         step(rt)
     assert writes == []
 
-    # and still write when there is something to do: the owner releases the stopped one
-    assert ann.post(f"/api/v1/instances/{stopped}/release").status_code == 200
+    # work: the owner releases one; the other has been stopped for longer than it is kept
+    assert ann.post(f"/api/v1/instances/{released}/release").status_code == 200
+    keep = timedelta(days=rt.settings.stopped_release_days)
+    with transaction(rt.sessions) as session:
+        instance = session.get(Instance, aged)
+        assert instance is not None and instance.stopped_at is not None
+        instance.stopped_at -= keep + timedelta(minutes=1)
     writes.clear()
     for step in LOOKING:
         step(rt)
     assert writes
     with transaction(rt.sessions) as session:
-        assert session.get(Instance, stopped).status == "released"  # type: ignore[union-attr]
-
-
-def test_release_stopped_writes_only_for_instances_near_their_release(
-    ann: Caller,
-    rt: Runtime,
-    tick: Callable[[], None],
-    runner_for: Callable[[int], RunnerDouble],
-    writes: list[str],
-) -> None:
-    stopped = stopped_instance(ann, tick, runner_for)
-    writes.clear()
-    billing.release_stopped(rt)
-    assert writes == []
-
-    keep = timedelta(days=rt.settings.stopped_release_days)
-    with transaction(rt.sessions) as session:
-        instance = session.get(Instance, stopped)
-        assert instance is not None and instance.stopped_at is not None
-        instance.stopped_at -= keep + timedelta(minutes=1)
-    billing.release_stopped(rt)
-    with transaction(rt.sessions) as session:
-        assert session.get(Instance, stopped).status == "released"  # type: ignore[union-attr]
+        statuses = {i.id: i.status for i in session.query(Instance)}
+    assert statuses == {running: "running", released: "released", aged: "released"}
