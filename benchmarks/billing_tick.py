@@ -18,9 +18,10 @@ import subprocess
 import tempfile
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from results import emit
 from rich.console import Console
@@ -33,6 +34,26 @@ from gpulease.server.orm import Instance, Notification, UsageSegment, User
 TARGET = 3.0
 
 
+def running_rows(owner_id: int, n: int, now: datetime, **extra: object) -> list[dict[str, Any]]:
+    """n running T4 instances of owner_id, as rows to insert (extra: more columns)."""
+    return [
+        {
+            "owner_id": owner_id,
+            "name": f"b{i}",
+            "gpu_model": "T4",
+            "gpu_count": 1,
+            "template": "python",
+            "hourly_micro": 250_000,
+            "status": "running",
+            "desired_state": "running",
+            "created_at": now,
+            "updated_at": now,
+            **{k: v(i) if callable(v) else v for k, v in extra.items()},
+        }
+        for i in range(n)
+    ]
+
+
 def prepare(url: str, n: int) -> None:
     engine = make_engine(url)
     migrate(engine)
@@ -41,24 +62,7 @@ def prepare(url: str, n: int) -> None:
         user_id = conn.execute(
             insert(User).values(name="bench", password_hash="x", role="user", created_at=now)
         ).inserted_primary_key[0]
-        conn.execute(
-            insert(Instance),
-            [
-                {
-                    "owner_id": user_id,
-                    "name": f"b{i}",
-                    "gpu_model": "T4",
-                    "gpu_count": 1,
-                    "template": "python",
-                    "hourly_micro": 250_000,
-                    "status": "running",
-                    "desired_state": "running",
-                    "created_at": now,
-                    "updated_at": now,
-                }
-                for i in range(n)
-            ],
-        )
+        conn.execute(insert(Instance), running_rows(user_id, n, now))
         ids = [row[0] for row in conn.execute(text("SELECT id FROM instances ORDER BY id"))]
         conn.execute(
             insert(UsageSegment),

@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from billing_tick import running_rows
 from results import emit
 from rich.console import Console
 from rich.table import Table
@@ -54,27 +55,15 @@ def child(url: str, home: Path, running: int, ticks: int) -> dict[str, Any]:
     with transaction(rt.sessions) as session:
         owner = session.scalar(select(User.id).limit(1))
         if running:
-            session.execute(
-                insert(Instance),
-                [
-                    {
-                        "owner_id": owner,
-                        "name": f"r{i}",
-                        "gpu_model": "T4",
-                        "gpu_count": 1,
-                        "template": "python",
-                        "hourly_micro": 250_000,
-                        "status": "running",
-                        "desired_state": "running",
-                        "runner_handle": f"fake-{i}",
-                        "created_at": now,
-                        "updated_at": now,
-                        "started_at": now,
-                        "last_heartbeat_at": now + timedelta(days=1),  # never silent here
-                    }
-                    for i in range(running)
-                ],
+            rows = running_rows(
+                owner,
+                running,
+                now,
+                runner_handle=lambda i: f"fake-{i}",
+                started_at=now,
+                last_heartbeat_at=now + timedelta(days=1),  # never silent here
             )
+            session.execute(insert(Instance), rows)
 
     sqlite = rt.engine.dialect.name == "sqlite"
     held: list[float] = []
