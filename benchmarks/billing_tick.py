@@ -34,8 +34,8 @@ from gpulease.server.orm import Instance, Notification, UsageSegment, User
 TARGET = 3.0
 
 
-def running_rows(owner_id: int, n: int, now: datetime, **extra: object) -> list[dict[str, Any]]:
-    """n running T4 instances of owner_id, as rows to insert (extra: more columns)."""
+def running_rows(owner_id: int, n: int, now: datetime) -> list[dict[str, Any]]:
+    """n running T4 instances of owner_id, as rows to insert."""
     return [
         {
             "owner_id": owner_id,
@@ -48,7 +48,6 @@ def running_rows(owner_id: int, n: int, now: datetime, **extra: object) -> list[
             "desired_state": "running",
             "created_at": now,
             "updated_at": now,
-            **{k: v(i) if callable(v) else v for k, v in extra.items()},
         }
         for i in range(n)
     ]

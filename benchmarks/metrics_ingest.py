@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from results import emit
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine, text
+from temp_platform import drop_pg, pg_database
 
 from gpulease.client import GpuleaseClient
 from gpulease.client.sse import parse_sse
@@ -305,7 +305,7 @@ def track_delays(platform: Platform, n: int) -> list[float]:
 @contextlib.contextmanager
 def started(kind: type[Platform], postgres: bool) -> Iterator[Platform]:
     """A started platform of that kind on a database of its own; stopped and dropped after."""
-    pg = pg_database() if postgres else None
+    pg = pg_database(PG_ADMIN_URL) if postgres else None
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         platform = kind(
@@ -323,7 +323,7 @@ def started(kind: type[Platform], postgres: bool) -> Iterator[Platform]:
             platform.end_runners()
             platform.stop()
             if pg:
-                drop_pg(pg[1])
+                drop_pg(PG_ADMIN_URL, pg[1])
 
 
 def measure(
@@ -371,34 +371,6 @@ def measure(
     ]
 
 
-def pg_database(*, probe: bool = False) -> tuple[str, str] | None:
-    """A new database (url, name) on the PostgreSQL server, or None when none answers;
-    probe: only ask whether one answers."""
-    try:
-        admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-        name = f"gpulease_bench_{uuid.uuid4().hex[:8]}"
-        with admin.connect() as conn:
-            conn.execute(text("SELECT 1" if probe else f'CREATE DATABASE "{name}"'))
-        admin.dispose()
-    except Exception:
-        return None
-    return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name, name
-
-
-def drop_pg(name: str) -> None:
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = :n AND pid <> pg_backend_pid()"
-            ),
-            {"n": name},
-        )
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
-
-
 TARGET_POINTS_S = 100_000
 
 
@@ -410,7 +382,7 @@ def main() -> None:
     args = parser.parse_args()
     console = Console()
     rows = measure(console, "SQLite", False, args.n, args.batch, args.ingest_only)
-    if pg_database(probe=True) is None:
+    if pg_database(PG_ADMIN_URL, probe=True) is None:
         console.print(f"[dim]PostgreSQL not reachable at {PG_ADMIN_URL}: SQLite only[/dim]")
     else:
         rows += measure(console, "PostgreSQL", True, args.n, args.batch, args.ingest_only)

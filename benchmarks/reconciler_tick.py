@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from billing_tick import running_rows
 from results import emit
 from rich.console import Console
 from rich.table import Table
+from temp_platform import drop_pg, pg_database
 
 WARMUP = 5
 
@@ -55,14 +55,11 @@ def child(url: str, home: Path, running: int, ticks: int) -> dict[str, Any]:
     with transaction(rt.sessions) as session:
         owner = session.scalar(select(User.id).limit(1))
         if running:
-            rows = running_rows(
-                owner,
-                running,
-                now,
-                runner_handle=lambda i: f"fake-{i}",
-                started_at=now,
-                last_heartbeat_at=now + timedelta(days=1),  # never silent here
-            )
+            rows = running_rows(owner, running, now)
+            for i, row in enumerate(rows):
+                row["runner_handle"] = f"fake-{i}"
+                row["started_at"] = now
+                row["last_heartbeat_at"] = now + timedelta(days=1)  # never silent here
             session.execute(insert(Instance), rows)
 
     sqlite = rt.engine.dialect.name == "sqlite"
@@ -113,27 +110,6 @@ def one_round(src: Path | None, url: str, running: int, ticks: int) -> dict[str,
     return json.loads(out.strip().splitlines()[-1])
 
 
-def fresh_pg_database(admin_url: str) -> tuple[str, str]:
-    """A new empty database beside admin_url's (dropped by the caller): (its url, its name)."""
-    from sqlalchemy import create_engine, text
-
-    name = f"bench_tick_{uuid.uuid4().hex[:8]}"
-    engine = create_engine(admin_url.replace("postgresql://", "postgresql+psycopg://", 1))
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    engine.dispose()
-    return admin_url.rsplit("/", 1)[0] + "/" + name, name
-
-
-def drop_pg_database(admin_url: str, name: str) -> None:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(admin_url.replace("postgresql://", "postgresql+psycopg://", 1))
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    engine.dispose()
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         url, home, running, ticks = sys.argv[2], Path(sys.argv[3]), *map(int, sys.argv[4:6])
@@ -158,11 +134,14 @@ def main() -> None:
             for fleet in fleets:
                 for label, src in trees:  # in turns: the host's drift falls on both alike
                     if db == "postgres":
-                        url, name = fresh_pg_database(args.pg)
+                        made = pg_database(args.pg)
+                        if made is None:
+                            parser.error(f"no PostgreSQL server answers at {args.pg}")
+                        url, name = made
                         try:
                             got = one_round(src, url, fleet, args.ticks)
                         finally:
-                            drop_pg_database(args.pg, name)
+                            drop_pg(args.pg, name)
                     else:
                         got = one_round(src, "", fleet, args.ticks)
                     results.setdefault((label, db, fleet), []).append(got)

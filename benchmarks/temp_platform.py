@@ -45,3 +45,43 @@ def byte_compile() -> None:
     package = Path(gpulease.__file__).parent
     if not compileall.compile_dir(package, quiet=1):
         raise RuntimeError(f"compiling {package} failed")
+
+
+def pg_database(admin_url: str, *, probe: bool = False) -> tuple[str, str] | None:
+    """A new database (url, name) on the PostgreSQL server of admin_url, or None when none
+    answers; probe: only ask whether one answers."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    from gpulease.server.db import normalize_url
+
+    admin_url = normalize_url(admin_url)
+    try:
+        admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        name = f"gpulease_bench_{uuid.uuid4().hex[:8]}"
+        with admin.connect() as conn:
+            conn.execute(text("SELECT 1" if probe else f'CREATE DATABASE "{name}"'))
+        admin.dispose()
+    except Exception:
+        return None
+    return admin_url.rsplit("/", 1)[0] + "/" + name, name
+
+
+def drop_pg(admin_url: str, name: str) -> None:
+    """pg_database's database dropped, with any connection still open to it ended first."""
+    from sqlalchemy import create_engine, text
+
+    from gpulease.server.db import normalize_url
+
+    admin = create_engine(normalize_url(admin_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = :n AND pid <> pg_backend_pid()"
+            ),
+            {"n": name},
+        )
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
