@@ -33,6 +33,7 @@ from gpulease.server.services import ledger
 from gpulease.server.services.billing import plans
 from gpulease.server.services.instances import lifecycle, opening
 from gpulease.server.services.instances.states import (
+    ACTIVE,
     QUEUED,
     RUNNING,
     STARTING,
@@ -229,36 +230,33 @@ def free_fabric_addresses(
     return free
 
 
+# A member still taking part in its run (asked to run, not yet to stop): stop_broken stops
+# these once their gang is broken.
+_LIVE_MEMBER = (Instance.gang_id.is_not(None), Instance.status.in_(ACTIVE))
+
+
 def any_live(session: Session) -> bool:
     """Whether any member of a multi-node run is queued, starting or running (the gangs
     stop_broken looks at)."""
-    live = select(Instance.id).where(
-        Instance.gang_id.is_not(None), Instance.status.in_((QUEUED, STARTING, RUNNING))
-    )
-    return session.scalar(live.limit(1)) is not None
+    return session.scalar(select(Instance.id).where(*_LIVE_MEMBER).limit(1)) is not None
 
 
 def stop_broken(session: Session) -> int:
     """A gang runs together or not at all: once a member has ended other than by its run
     succeeding (its run failed, its runner or node died, it was stopped), the members still
     queued, starting or running are stopped, with the reason. Returns how many."""
-    live = (QUEUED, STARTING, RUNNING)
     stopped = 0
-    for gang_id in session.scalars(
-        select(Instance.gang_id)
-        .where(Instance.gang_id.is_not(None), Instance.status.in_(live))
-        .distinct()
-    ).all():
+    for gang_id in session.scalars(select(Instance.gang_id).where(*_LIVE_MEMBER).distinct()).all():
         assert gang_id is not None
         gang = members(session, gang_id)
         broken = next(
-            (m for m in gang if m.status not in live and not _succeeded(session, m)), None
+            (m for m in gang if m.status not in ACTIVE and not _succeeded(session, m)), None
         )
         if broken is None:
             continue
         why = broken.status_reason or broken.status
         for member in gang:
-            if member.status in live:
+            if member.status in ACTIVE:
                 lifecycle.stop_one(
                     session, member, f"rank {broken.gang_rank} of its run ended: {why}"[:500]
                 )
