@@ -10,6 +10,8 @@ Median of --ticks ticks (after a few to warm up), each in a fresh process per ro
     .venv/bin/python benchmarks/reconciler_tick.py [--running 500] [--ticks 40] [--rounds 5]
         [--pg postgresql://root@127.0.0.1/test]   # the tick's time on PostgreSQL too
         [--against OLD/src]   # the same rounds on another copy of gpulease, in turns
+        [--idle-ceiling 60]   # the operator's idle-stop ceiling: every running instance is
+                              # then looked at by idle stop (none is idle for long yet)
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from temp_platform import drop_pg, pg_database
 WARMUP = 5
 
 
-def child(url: str, home: Path, running: int, ticks: int) -> dict[str, Any]:
+def child(url: str, home: Path, running: int, ticks: int, ceiling: int) -> dict[str, Any]:
     """Build a server runtime on url (a fake backend), add `running` instances, time ticks."""
     from datetime import timedelta
 
@@ -48,7 +50,11 @@ def child(url: str, home: Path, running: int, ticks: int) -> dict[str, Any]:
     from gpulease.server.settings import Settings
 
     settings = Settings(  # type: ignore[arg-type]
-        home=home, database_url=url, simulated_gpus="T4:1", admin_password="x" * 12
+        home=home,
+        database_url=url,
+        simulated_gpus="T4:1",
+        admin_password="x" * 12,
+        idle_stop_max_minutes=ceiling or None,
     )
     rt = build_runtime(settings, FakeBackend())
     now = utcnow()
@@ -99,21 +105,23 @@ def child(url: str, home: Path, running: int, ticks: int) -> dict[str, Any]:
     }
 
 
-def one_round(src: Path | None, url: str, running: int, ticks: int) -> dict[str, Any]:
+def one_round(src: Path | None, url: str, running: int, ticks: int, ceiling: int) -> dict[str, Any]:
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = f"{src}{os.pathsep}{env.get('PYTHONPATH', '')}"
     with tempfile.TemporaryDirectory(prefix="gpulease-tick-") as tmp:
         db_url = url or f"sqlite:///{tmp}/gpulease.db"
         argv = [sys.executable, __file__, "--child", db_url, tmp, str(running), str(ticks)]
+        argv.append(str(ceiling))
         out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        url, home, running, ticks = sys.argv[2], Path(sys.argv[3]), *map(int, sys.argv[4:6])
-        print(json.dumps(child(url, home / "home", running, ticks)))
+        url, home = sys.argv[2], Path(sys.argv[3])
+        running, ticks, ceiling = map(int, sys.argv[4:7])
+        print(json.dumps(child(url, home / "home", running, ticks, ceiling)))
         return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--running", type=int, default=500)
@@ -121,6 +129,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pg", default=None, help="a PostgreSQL URL to measure the tick on too")
     parser.add_argument("--against", type=Path, default=None, help="another copy's src folder")
+    parser.add_argument(
+        "--idle-ceiling", type=int, default=0, help="the operator's idle-stop ceiling, minutes"
+    )
     args = parser.parse_args()
 
     trees: list[tuple[str, Path | None]] = [("this code", None)]
@@ -139,14 +150,15 @@ def main() -> None:
                             parser.error(f"no PostgreSQL server answers at {args.pg}")
                         url, name = made
                         try:
-                            got = one_round(src, url, fleet, args.ticks)
+                            got = one_round(src, url, fleet, args.ticks, args.idle_ceiling)
                         finally:
                             drop_pg(args.pg, name)
                     else:
-                        got = one_round(src, "", fleet, args.ticks)
+                        got = one_round(src, "", fleet, args.ticks, args.idle_ceiling)
                     results.setdefault((label, db, fleet), []).append(got)
 
-    table = Table(title=f"reconciler tick, every step, median of {args.rounds} rounds")
+    ceiling = f", idle-stop ceiling {args.idle_ceiling} min" if args.idle_ceiling else ""
+    table = Table(title=f"reconciler tick, every step, median of {args.rounds} rounds{ceiling}")
     for col in ("code", "database", "running", "tick ms", "write lock ms", "share", "writes"):
         table.add_column(col)
     for (label, db, fleet), rounds in results.items():
@@ -158,7 +170,7 @@ def main() -> None:
         table.add_row(label, db, str(fleet), f"{tick:.2f}", shown_lock, share, f"{writes:g}")
         if label == "this code" and db == "sqlite":
             emit(
-                f"quiet tick, {fleet} running: SQLite write lock held",
+                f"quiet tick, {fleet} running{ceiling}: SQLite write lock held",
                 f"{lock:.2f} ms ({writes:g} write transactions)",
                 f"the tick {tick:.2f} ms",
                 f"{lock / tick:.2f}×",

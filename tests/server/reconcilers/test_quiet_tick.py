@@ -1,7 +1,8 @@
 """The reconcilers run every second: on a server with nothing for them to do, the steps that
-only look (launcher, health, sweeps, notification sender, budgets, stopped-instance
-release) open no write transaction, which on SQLite would hold every API write back while
-they read. Each reads first, without the write lock, and writes only when it has work."""
+only look (scheduled starts and stops, launcher, health, idle stop, sweeps, notification
+sender, daily blocks, budgets, stopped-instance release) open no write transaction, which on
+SQLite would hold every API write back while they read. Each reads first, without the write
+lock, and writes only when it has work."""
 
 from __future__ import annotations
 
@@ -12,16 +13,20 @@ import pytest
 from sqlalchemy import event
 
 from factories import Caller, RunnerDouble, make_running_instance
-from gpulease.server.db import READ_ONLY, transaction
-from gpulease.server.orm import Instance
-from gpulease.server.reconcilers import billing, health, launcher, notify, sweeps
+from gpulease.server.db import READ_ONLY, transaction, utcnow
+from gpulease.server.orm import Instance, InstanceSchedule
+from gpulease.server.reconcilers import billing, health, idle, launcher, notify, sweeps
+from gpulease.server.reconcilers import schedules as schedule_fires
 from gpulease.server.runtime import Runtime
 
 LOOKING = (
+    schedule_fires.tick,
     launcher.tick,
     health.tick,
+    idle.tick,
     sweeps.tick,
     notify.tick,
+    billing.daily_blocks,
     billing.budgets,
     billing.release_stopped,
 )
@@ -68,8 +73,15 @@ def test_a_quiet_tick_only_reads_and_writes_once_there_is_work(
     runner_for: Callable[[int], RunnerDouble],
     writes: list[str],
 ) -> None:
-    # a running instance whose runner heartbeats, two stopped long before their release
+    # a running instance whose runner heartbeats, with an idle stop after an hour and a
+    # stop scheduled for later, two stopped long before their release
     running, _ = make_running_instance(ann, tick, runner_for)
+    autostop = ann.put(f"/api/v1/instances/{running}/autostop", json={"idle_minutes": 60})
+    assert autostop.status_code == 200, autostop.text
+    scheduled = ann.post(
+        f"/api/v1/instances/{running}/schedules", json={"action": "stop", "cron": "0 3 * * *"}
+    )
+    assert scheduled.status_code == 201, scheduled.text
     released, aged = (stopped_instance(ann, tick, runner_for) for _ in range(2))
     with transaction(rt.sessions) as session:
         statuses = {i.id: i.status for i in session.query(Instance)}
@@ -80,10 +92,13 @@ def test_a_quiet_tick_only_reads_and_writes_once_there_is_work(
         step(rt)
     assert writes == []
 
-    # work: the owner releases one; the other has been stopped for longer than it is kept
+    # work: the owner releases one; the other has been stopped for longer than it is kept;
+    # the running one's scheduled stop is due
     assert ann.post(f"/api/v1/instances/{released}/release").status_code == 200
     keep = timedelta(days=rt.settings.stopped_release_days)
     with transaction(rt.sessions) as session:
+        for schedule in session.query(InstanceSchedule):
+            schedule.next_fire_at = utcnow() - timedelta(minutes=1)
         instance = session.get(Instance, aged)
         assert instance is not None and instance.stopped_at is not None
         instance.stopped_at -= keep + timedelta(minutes=1)
@@ -93,4 +108,4 @@ def test_a_quiet_tick_only_reads_and_writes_once_there_is_work(
     assert writes
     with transaction(rt.sessions) as session:
         statuses = {i.id: i.status for i in session.query(Instance)}
-    assert statuses == {running: "running", released: "released", aged: "released"}
+    assert statuses == {running: "stopping", released: "released", aged: "released"}

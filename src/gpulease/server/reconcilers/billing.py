@@ -37,15 +37,19 @@ def tick(rt: Runtime) -> None:
 
 
 def daily_blocks(rt: Runtime) -> None:
+    """Renew or end the daily blocks that ended by now. Asks first in a read-only
+    transaction (no SQLite write lock): on most ticks no block ends."""
     now = utcnow()
+    ended_by_now = select(Instance).where(
+        Instance.plan == plans.DAILY,
+        Instance.reserved_until <= now,
+        Instance.status != RELEASED,
+    )
+    with transaction(readers(rt.sessions)) as session:
+        if session.scalar(ended_by_now.with_only_columns(Instance.id).limit(1)) is None:
+            return
     with transaction(rt.sessions) as session:
-        ended = session.scalars(
-            select(Instance).where(
-                Instance.plan == plans.DAILY,
-                Instance.reserved_until <= now,
-                Instance.status != RELEASED,
-            )
-        ).all()
+        ended = session.scalars(ended_by_now).all()
         for instance in ended:
             if instance.status in (STARTING, RUNNING) and instance.auto_renew:
                 try:

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from gpulease.server.db import transaction, utcnow
+from gpulease.server.db import readers, transaction, utcnow
 from gpulease.server.orm import Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import notifications
@@ -18,20 +18,28 @@ from gpulease.server.services.instances.states import RUNNING
 
 
 def tick(rt: Runtime, now: datetime | None = None) -> int:
-    """One pass over running instances. Returns how many it stopped."""
+    """One pass over running instances. Returns how many it stopped.
+
+    The instances are looked at first in a read-only transaction (no SQLite write lock
+    while every one's samples and runs are read); only those with something to do, a
+    warning to give, end or act on, are taken again in a write transaction."""
     now = now or utcnow()
     ceiling = rt.settings.idle_stop_max_minutes
+    query = select(Instance).where(Instance.status == RUNNING, Instance.desired_state == "running")
+    if ceiling is None:
+        query = query.where(
+            or_(Instance.idle_minutes.is_not(None), Instance.max_runtime_minutes.is_not(None))
+        )
+    with transaction(readers(rt.sessions)) as session:
+        due = [i.id for i in session.scalars(query) if _has_work(session, i, ceiling, now)]
+    if not due:
+        return 0
     stopped = 0
     with transaction(rt.sessions) as session:
-        query = select(Instance).where(
-            Instance.status == RUNNING, Instance.desired_state == "running"
-        )
-        if ceiling is None:
-            query = query.where(
-                or_(Instance.idle_minutes.is_not(None), Instance.max_runtime_minutes.is_not(None))
-            )
         for instance in session.scalars(
-            query.order_by(Instance.id).with_for_update(skip_locked=True)
+            query.where(Instance.id.in_(due))
+            .order_by(Instance.id)
+            .with_for_update(skip_locked=True)
         ).all():
             started = instance.started_at or now
             limit = instance.max_runtime_minutes
@@ -56,6 +64,24 @@ def tick(rt: Runtime, now: datetime | None = None) -> int:
             if minutes is not None and _idle_step(session, instance, minutes, now):
                 stopped += 1
     return stopped
+
+
+def _has_work(session: Session, instance: Instance, ceiling: int | None, now: datetime) -> bool:
+    """Whether the write pass would change anything for the instance: a maximum runtime
+    within its warning's lead, an idle warning standing (to end, renew or act on), or idle
+    time within its warning's lead. Reads only."""
+    limit = instance.max_runtime_minutes
+    if limit is not None:
+        started = instance.started_at or now
+        if now >= started + timedelta(minutes=limit) - autostop.warning_lead(limit):
+            return True
+    if instance.idle_warned_at is not None:
+        return True
+    minutes = autostop.effective_idle_minutes(instance, ceiling)
+    if minutes is None:
+        return False
+    idle_for = now - autostop.idle_since(session, instance, now, minutes)
+    return idle_for >= timedelta(minutes=minutes) - autostop.warning_lead(minutes)
 
 
 def _warn_runtime(
