@@ -13,7 +13,7 @@ from factories import Caller, RunnerDouble, make_running_instance, make_settings
 from gpulease.backends.fake import FakeBackend
 from gpulease.server.app import create_app
 from gpulease.server.db import transaction
-from gpulease.server.orm import GpuSample, Instance, Notification
+from gpulease.server.orm import GpuSample, Instance, Notification, Run
 from gpulease.server.reconcilers import idle
 from gpulease.server.runtime import Runtime, build_runtime
 from gpulease.server.services.instances import activity
@@ -283,3 +283,36 @@ def test_the_operators_ceiling_bounds_and_defaults_idle_stop(ceiling_rt: Runtime
         assert idle.tick(rt, now=t0 + timedelta(minutes=55)) == 0  # the warning
         assert idle.tick(rt, now=t0 + timedelta(minutes=60)) == 1
     rt.engine.dispose()
+
+
+def test_one_pass_judges_each_instance_by_its_own_window_threshold_readings_and_runs(
+    ann: Caller, rt: Runtime, tick: Tick, runner_for: RunnerFor
+) -> None:
+    kinds = ("gpu-busy", "gpu-high-bar", "gpu-quiet", "run-pending", "run-ended", "nothing")
+    ids = {kind: make_running_instance(ann, tick, runner_for, kind, gpu=None)[0] for kind in kinds}
+    long_window, _ = make_running_instance(ann, tick, runner_for, "long-window", gpu=None)
+    for kind, i in ids.items():
+        set_autostop(ann, i, idle_minutes=30, idle_util_pct=90 if kind == "gpu-high-bar" else 10)
+    set_autostop(ann, long_window, idle_minutes=120)
+    t0 = max(started_at(rt, i) for i in [*ids.values(), long_window])
+    _samples(rt, ids["gpu-busy"], t0, 20, util=85.0)  # busy until minute 19
+    _samples(rt, ids["gpu-high-bar"], t0, 20, util=85.0)  # under its own 90 %
+    _samples(rt, ids["gpu-quiet"], t0, 26, util=3.0)
+    assert ann.post(
+        f"/api/v1/instances/{ids['run-pending']}/runs", json={"command": "x"}
+    ).is_success
+    ended = ann.post(f"/api/v1/instances/{ids['run-ended']}/runs", json={"command": "y"}).json()
+    runner_for(ids["run-ended"]).run(ended["id"], ["done"], 0)
+    with transaction(rt.sessions) as session:
+        run = session.get(Run, ended["id"])
+        assert run is not None
+        run.finished_at = t0 + timedelta(minutes=10)
+
+    # at minute 26 the 30-minute windows warn what has been idle for 25 minutes or more
+    assert idle.tick(rt, now=t0 + timedelta(minutes=26)) == 0
+    with transaction(rt.sessions) as session:
+        warned = {
+            i.name
+            for i in session.scalars(select(Instance).where(Instance.idle_warned_at.is_not(None)))
+        }
+    assert warned == {"gpu-high-bar", "gpu-quiet", "nothing"}
