@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import temp_platform  # noqa: F401  (puts tests/ on sys.path)
+import temp_platform  # also puts tests/ on sys.path
 from results import emit
-from sqlalchemy import create_engine, insert, text
+from sqlalchemy import create_engine, insert
 from starlette.testclient import TestClient
 
 from factories import make_settings, make_user
@@ -100,28 +100,6 @@ def measure(name: str, url: str, home: Path, n: int, rounds: int) -> None:
         rt.engine.dispose()
 
 
-def fresh_pg(url: str) -> str | None:
-    """A database of its own on the PostgreSQL server at url, or None when none answers."""
-    try:
-        engine = create_engine(url, isolation_level="AUTOCOMMIT")
-        with engine.connect() as conn:
-            conn.execute(text("DROP DATABASE IF EXISTS bench_auth_limits"))
-            conn.execute(text("CREATE DATABASE bench_auth_limits"))
-        engine.dispose()
-    except Exception as exc:  # noqa: BLE001 (any failure: no PostgreSQL to measure on)
-        print(f"PostgreSQL not measured: {exc}")
-        return None
-    return url.rsplit("/", 1)[0] + "/bench_auth_limits"
-
-
-def drop_pg(url: str) -> None:
-    """The benchmark's own database dropped again (its connections are closed by then)."""
-    engine = create_engine(url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text("DROP DATABASE IF EXISTS bench_auth_limits"))
-    engine.dispose()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=10_000)
@@ -137,12 +115,15 @@ def main() -> None:
             args.n,
             args.rounds,
         )
-        pg = fresh_pg(args.pg)
-        if pg is not None:
+        made = temp_platform.pg_database(args.pg)
+        if made is None:
+            print(f"PostgreSQL not measured: no server answers at {args.pg}")
+        else:
+            url, name = made
             try:
-                measure("PostgreSQL", pg, root / "pg", args.n, args.rounds)
+                measure("PostgreSQL", url, root / "pg", args.n, args.rounds)
             finally:
-                drop_pg(args.pg)
+                temp_platform.drop_pg(args.pg, name)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import ModuleType
@@ -26,7 +25,8 @@ from typing import Any
 from results import emit
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import create_engine, insert, text
+from sqlalchemy import insert, text
+from temp_platform import drop_pg, pg_database
 
 from gpulease.server.db import make_engine, make_sessionmaker, migrate, transaction, utcnow
 from gpulease.server.orm import Instance, Notification, UsageSegment, User
@@ -163,14 +163,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         before = metering_at(args.before, Path(tmp)) if args.before else None
         targets = [("SQLite", f"sqlite:///{Path(tmp) / 'bench.db'}", None)]
-        name = f"gpulease_bench_{uuid.uuid4().hex[:8]}"
-        admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as conn:
-                conn.execute(text(f'CREATE DATABASE "{name}"'))
-            targets.append(("PostgreSQL", args.pg.rsplit("/", 1)[0] + "/" + name, name))
-        except Exception as exc:  # no server: report SQLite only, and say so
-            console.print(f"[yellow]PostgreSQL skipped: {exc}")
+        made = pg_database(args.pg)
+        if made is None:  # no server: report SQLite only, and say so
+            console.print(f"[yellow]PostgreSQL skipped: no server answers at {args.pg}")
+        else:
+            targets.append(("PostgreSQL", *made))
         try:
             for label, url, _ in targets:
                 with console.status(f"{label}: preparing {args.n:,} instances"):
@@ -200,9 +197,7 @@ def main() -> None:
         finally:
             for _, _, db in targets:
                 if db:
-                    with admin.connect() as conn:
-                        conn.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
-            admin.dispose()
+                    drop_pg(args.pg, db)
     console.print(table)
 
 
