@@ -18,6 +18,7 @@ from gpulease.server.services import ledger, notifications
 from gpulease.server.services.billing import limits, plans, storage
 from gpulease.server.services.instances.lifecycle import release_instance, stop_instance
 from gpulease.server.services.instances.states import (
+    ACTIVE,
     FAILED,
     QUEUED,
     RELEASED,
@@ -26,8 +27,6 @@ from gpulease.server.services.instances.states import (
     STOPPED,
     free_gpus,
 )
-
-LIVE = (QUEUED, STARTING, RUNNING)
 
 
 def tick(rt: Runtime) -> None:
@@ -90,7 +89,7 @@ def _budgets(session: Session, rt: Runtime, now: datetime, *, act: bool) -> bool
     the wallet's live instances and send the notices."""
     symbol = rt.catalog.currency_symbol
     found = False
-    live = session.scalars(select(Instance).where(Instance.status.in_(LIVE))).all()
+    live = session.scalars(select(Instance).where(Instance.status.in_(ACTIVE))).all()
     wallets = {(i.owner_id, i.team_id) for i in live}
     for owner_id, team_id in sorted(wallets, key=lambda w: (w[0], w[1] or 0)):
         reason = limits.over_budget(session, owner_id, team_id, now)

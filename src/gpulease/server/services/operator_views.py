@@ -19,7 +19,7 @@ from gpulease.server.orm import (
     User,
 )
 from gpulease.server.services import ledger
-from gpulease.server.services.billing.limits import LIVE, Caps, caps_from
+from gpulease.server.services.billing.limits import SPENDING, Caps, caps_from
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def user_accounts(session: Session) -> list[UserAccount]:
         owner: (int(n), int(spend or 0))
         for owner, n, spend in session.execute(
             select(Instance.owner_id, func.count(Instance.id), func.sum(Instance.hourly_micro))
-            .where(Instance.status.in_(LIVE))
+            .where(Instance.status.in_(SPENDING))
             .group_by(Instance.owner_id)
         )
     }

@@ -20,8 +20,10 @@ from gpulease.server.orm import (
     TeamMember,
 )
 from gpulease.server.services import ledger
+from gpulease.server.services.instances.states import LIVE, QUEUED
 
-LIVE = ("queued", "starting", "running", "stopping")
+# What an owner spends on now: every instance from queued until it has stopped.
+SPENDING = (QUEUED, *LIVE)
 SPEND_KINDS = ("usage", "daily_block", "storage")
 
 
@@ -74,7 +76,7 @@ def hourly_spend(session: Session, user_id: int) -> int:
     """The summed hourly rates of the user's live instances (what they spend now)."""
     total = session.scalar(
         select(func.coalesce(func.sum(Instance.hourly_micro), 0)).where(
-            Instance.owner_id == user_id, Instance.status.in_(LIVE)
+            Instance.owner_id == user_id, Instance.status.in_(SPENDING)
         )
     )
     return int(total or 0)
