@@ -312,7 +312,16 @@ class UsageSegment(Base):
     segment stays on its page and touches no index (a heap-only update)."""
 
     __tablename__ = "usage_segments"
-    __table_args__ = {"postgresql_with": {"fillfactor": 50}}
+    __table_args__ = (
+        # only the open segments, which the meter reads every second
+        Index(
+            "ix_usage_segments_open",
+            "id",
+            sqlite_where=text("ended_at IS NULL"),
+            postgresql_where=text("ended_at IS NULL"),
+        ),
+        {"postgresql_with": {"fillfactor": 50}},
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id"), index=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
