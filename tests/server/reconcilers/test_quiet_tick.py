@@ -1,8 +1,8 @@
 """The reconcilers run every second: on a server with nothing for them to do, the steps that
 only look (scheduled starts and stops, launcher, health, idle stop, sweeps, notification
-sender, daily blocks, budgets, stopped-instance release) open no write transaction, which on
-SQLite would hold every API write back while they read. Each reads first, without the write
-lock, and writes only when it has work."""
+sender, daily blocks, budgets, stopped-instance release, GPU sampling) open no write
+transaction, which on SQLite would hold every API write back while they read. Each reads
+first, without the write lock, and writes only when it has work."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from sqlalchemy import event
 from factories import Caller, RunnerDouble, make_running_instance
 from gpulease.server.db import READ_ONLY, transaction, utcnow
 from gpulease.server.orm import Instance, InstanceSchedule
-from gpulease.server.reconcilers import billing, health, idle, launcher, notify, sweeps
+from gpulease.server.reconcilers import billing, health, idle, launcher, meter, notify, sweeps
 from gpulease.server.reconcilers import schedules as schedule_fires
+from gpulease.server.reconcilers.gpu_samples import sample_gpus
 from gpulease.server.runtime import Runtime
 
 LOOKING = (
@@ -29,6 +30,7 @@ LOOKING = (
     billing.daily_blocks,
     billing.budgets,
     billing.release_stopped,
+    sample_gpus,  # this host's GPUs are simulated: nothing to sample
 )
 
 
@@ -73,9 +75,14 @@ def test_a_quiet_tick_only_reads_and_writes_once_there_is_work(
     runner_for: Callable[[int], RunnerDouble],
     writes: list[str],
 ) -> None:
+    meter.tick(rt)  # nothing runs yet: the meter only looks
+    assert writes == []
     # a running instance whose runner heartbeats, with an idle stop after an hour and a
     # stop scheduled for later, two stopped long before their release
     running, _ = make_running_instance(ann, tick, runner_for)
+    writes.clear()
+    meter.tick(rt)
+    assert writes  # now it has a segment to charge
     autostop = ann.put(f"/api/v1/instances/{running}/autostop", json={"idle_minutes": 60})
     assert autostop.status_code == 200, autostop.text
     scheduled = ann.post(

@@ -16,7 +16,7 @@ from sqlalchemy import delete, select
 from gpulease.core.records import from_attributes
 from gpulease.gpus.discovery import Nvml
 from gpulease.gpus.sampling import GpuReading, read_gpus
-from gpulease.server.db import transaction, utcnow
+from gpulease.server.db import readers, transaction, utcnow
 from gpulease.server.orm import GpuSample
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import metrics
@@ -33,8 +33,9 @@ _written: dict[str, datetime] = {}
 
 
 def sample_gpus(rt: Runtime, reader: Reader = read_gpus, nvml: Nvml | None = None) -> int:
-    """Sample once; returns how many samples were stored. reader/nvml are test seams."""
-    with transaction(rt.sessions) as session:
+    """Sample once; returns how many samples were stored. reader/nvml are test seams. The
+    look at the node's GPUs only reads (no SQLite write lock): most hosts have none."""
+    with transaction(readers(rt.sessions)) as session:
         node_id, uuids = real_gpu_uuids(session, rt.node_name)
         if node_id is None or not uuids:
             return 0

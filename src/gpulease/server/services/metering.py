@@ -167,6 +167,15 @@ def refund_past(session: Session, segment: UsageSegment, end: datetime) -> int:
     return refunded
 
 
+def any_open(session: Session) -> bool:
+    """Whether any segment is open (asked in a read-only transaction first: on a server with
+    nothing running, the meter's every tick then takes no write lock)."""
+    return (
+        session.scalar(select(UsageSegment.id).where(UsageSegment.ended_at.is_(None)).limit(1))
+        is not None
+    )
+
+
 def charge_open_segments(
     session: Session, now: datetime | None = None, *, min_step_s: int = 0
 ) -> set[int]:
