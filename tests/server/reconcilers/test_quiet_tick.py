@@ -1,8 +1,8 @@
 """The reconcilers run every second: on a server with nothing for them to do, the steps that
-only look (scheduled starts and stops, launcher, health, idle stop, sweeps, notification
-sender, daily blocks, budgets, stopped-instance release, GPU sampling) open no write
-transaction, which on SQLite would hold every API write back while they read. Each reads
-first, without the write lock, and writes only when it has work."""
+only look (scheduled starts and stops, the scheduler's pass, launcher, health, idle stop,
+sweeps, notification sender, daily blocks, budgets, stopped-instance release, GPU sampling)
+open no write transaction, which on SQLite would hold every API write back while they read.
+Each reads first, without the write lock, and writes only when it has work."""
 
 from __future__ import annotations
 
@@ -15,13 +15,23 @@ from sqlalchemy import event
 from factories import Caller, RunnerDouble, make_running_instance
 from gpulease.server.db import READ_ONLY, transaction, utcnow
 from gpulease.server.orm import Instance, InstanceSchedule
-from gpulease.server.reconcilers import billing, health, idle, launcher, meter, notify, sweeps
+from gpulease.server.reconcilers import (
+    billing,
+    health,
+    idle,
+    launcher,
+    meter,
+    notify,
+    scheduler,
+    sweeps,
+)
 from gpulease.server.reconcilers import schedules as schedule_fires
 from gpulease.server.reconcilers.gpu_samples import sample_gpus
 from gpulease.server.runtime import Runtime
 
 LOOKING = (
     schedule_fires.tick,
+    scheduler.tick,
     launcher.tick,
     health.tick,
     idle.tick,

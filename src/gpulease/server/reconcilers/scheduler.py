@@ -16,14 +16,14 @@ from collections import defaultdict
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import Conflict, PaymentRequired
 from gpulease.scheduler.fifo import Placement, Request
 from gpulease.scheduler.model import ClusterState, Running, Waiting
 from gpulease.scheduler.policy import schedule
-from gpulease.server.db import transaction, utcnow
+from gpulease.server.db import readers, transaction, utcnow
 from gpulease.server.orm import Gpu, Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import ledger, notifications, preemption, templates
@@ -45,9 +45,18 @@ WAITING_FOR_CHEAP = "waiting for an off-peak window (start when cheap)"
 
 
 def tick(rt: Runtime) -> int:
-    """One scheduling pass. Returns how many instances were placed."""
+    """One scheduling pass. Returns how many instances were placed. Asks first in a
+    read-only transaction (no SQLite write lock) whether anything waits: every step below
+    acts on queued instances, or on preempted ones that have stopped."""
     placed = 0
     grace = rt.settings.preempt_grace_s
+    with transaction(readers(rt.sessions)) as session:
+        waiting = or_(
+            Instance.status == QUEUED,
+            and_(Instance.status == STOPPED, Instance.preempted_at.is_not(None)),
+        )
+        if session.scalar(select(Instance.id).where(waiting).limit(1)) is None:
+            return 0
     with transaction(rt.sessions) as session:
         preemption.requeue_stopped(session)
         placed += _start_reserved(session)
