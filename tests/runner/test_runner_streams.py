@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve, unix_serve
 
 from gpulease.runner.sandbox import Sandbox, base_environment, probe
-from gpulease.runner.streams import ShellSetup, Streams, shell_environment
+from gpulease.runner.streams import ShellSetup, Streams, Terminal, shell_environment
 from gpulease.schemas.runner import RunnerStreamEntry
 
 TOKEN = "runner-token"
@@ -152,6 +152,28 @@ def test_streams_go_over_the_servers_socket_with_the_current_token(
     finally:
         real.close()
         shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def test_a_terminal_ended_twice_never_closes_a_file_opened_in_between(tmp_path: Path) -> None:
+    """Streams.close and the terminal's own thread may both end it. The first hangs up and
+    keeps the PTY's number taken (by /dev/null) until release(), so a file opened meanwhile
+    (another terminal's PTY, say) gets another number, and the second end leaves it alone."""
+    terminal = Terminal(shell_setup(tmp_path, sandboxed=False), 80, 24)
+    master = terminal.master
+    code = terminal.close()
+    assert os.readlink(f"/proc/self/fd/{master}") == "/dev/null"
+    assert terminal.process.poll() is not None
+    other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT)
+    try:
+        assert other != master
+        assert terminal.close() == code
+        os.fstat(other)  # still open
+        terminal.release()
+        terminal.release()
+        assert not os.path.exists(f"/proc/self/fd/{master}")
+        os.fstat(other)
+    finally:
+        os.close(other)
 
 
 def test_closing_the_streams_ends_open_terminals(stand_in: StandIn, tmp_path: Path) -> None:

@@ -61,9 +61,19 @@ class ShellSetup:
 
 class Terminal:
     """`bash -l` on a new PTY (the PTY is its controlling terminal, so job control and
-    Ctrl-C work), inside the instance's sandbox when it has one."""
+    Ctrl-C work), inside the instance's sandbox when it has one.
+
+    Two threads use `master` (one reads the shell's output, one writes what the user types)
+    and others may end the terminal. Closing `master` while they do would free its number for
+    the next file opened, another terminal's PTY among them, which they would then read or
+    write. So close() hangs up by putting /dev/null in its place (the same number, still
+    taken: a read gets end of file, a write goes nowhere), and release() frees the number
+    once the threads are done with it."""
 
     def __init__(self, setup: ShellSetup, cols: int, rows: int) -> None:
+        self._ending = threading.Lock()
+        self._code: int | None = None
+        self._released = False
         self.master, slave = os.openpty()
         try:
             self.resize(cols, rows)
@@ -96,17 +106,35 @@ class Terminal:
         fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
     def close(self) -> int:
-        """Hang up and end the shell; its exit code (-N for a signal N)."""
-        with contextlib.suppress(OSError):
-            os.close(self.master)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGHUP)
-        try:
-            return self.process.wait(timeout=2)
-        except subprocess.TimeoutExpired:
+        """Hang up and end the shell; its exit code (-N for a signal N). Any thread may call
+        it, any number of times: the first hangs up, the others get the same code."""
+        with self._ending:
+            if self._code is not None:
+                return self._code
+            # The PTY's last reference goes: the kernel hangs it up (SIGHUP to the shell's
+            # session), while the number stays taken by /dev/null until release().
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, self.master)
+            finally:
+                os.close(null)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            return self.process.wait()
+                os.killpg(self.process.pid, signal.SIGHUP)
+            try:
+                self._code = self.process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self._code = self.process.wait()
+            return self._code
+
+    def release(self) -> None:
+        """Free master's number, once close() has hung up and no thread reads or writes it."""
+        with self._ending:
+            if self._code is None or self._released:
+                return
+            self._released = True
+            os.close(self.master)
 
 
 def _int(value: Any, default: int) -> int:
@@ -232,7 +260,11 @@ class Streams:
             code = terminal.close()
             with self._lock:
                 self._terminals.pop(stream_id, None)
-            reader.join(timeout=5)
+            reader.join(timeout=5)  # it reads /dev/null now: at once at its end
+            if reader.is_alive():  # stuck sending: its number stays taken, never reused
+                log.warning("terminal %s: its reader did not end", stream_id[:8])
+            else:
+                terminal.release()
             log.info("terminal closed (exit %d)", code)
 
     def _pump_pty(self, terminal: Terminal, ws: ClientConnection) -> None:
@@ -256,8 +288,8 @@ class Streams:
             code = terminal.process.wait()
             ws.send(json.dumps({"type": "exit", "code": code}))
         except (OSError, WebSocketException):
-            # The PTY was closed under us (Streams.close ends every terminal: select then
-            # fails with EBADF) or the server went away: the socket must end all the same.
+            # The server went away: the socket must end all the same. (Streams.close hangs up
+            # every terminal: the read then gets end of file, and the loop ends above.)
             pass
         finally:
             ws.close()
