@@ -174,19 +174,21 @@ def idle_since_many(
                     .distinct()
                 )
             )
-            busy: dict[int, datetime] = {
-                instance_id: at
-                for instance_id, at in session.execute(
-                    select(GpuSample.instance_id, func.max(GpuSample.time))
-                    .where(
-                        GpuSample.instance_id.in_(sorted(sampled)),
-                        *in_window,
-                        GpuSample.util_pct >= util,
+            busy: dict[int, datetime] = {}
+            if sampled:  # none has readings (simulated GPUs, CPU only): nothing to ask
+                busy = {
+                    instance_id: at
+                    for instance_id, at in session.execute(
+                        select(GpuSample.instance_id, func.max(GpuSample.time))
+                        .where(
+                            GpuSample.instance_id.in_(sorted(sampled)),
+                            *in_window,
+                            GpuSample.util_pct >= util,
+                        )
+                        .group_by(GpuSample.instance_id)
                     )
-                    .group_by(GpuSample.instance_id)
-                )
-                if instance_id is not None
-            }
+                    if instance_id is not None
+                }
             for instance in batch:
                 if instance.id in sampled:
                     last_busy = busy.get(instance.id)
