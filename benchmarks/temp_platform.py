@@ -10,6 +10,7 @@ TESTS = str(Path(__file__).resolve().parents[1] / "tests")
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
+from pg_support import create_database, drop_database  # noqa: E402
 from processes import Platform, free_port  # noqa: E402
 
 
@@ -50,38 +51,25 @@ def byte_compile() -> None:
 def pg_database(admin_url: str, *, probe: bool = False) -> tuple[str, str] | None:
     """A new database (url, name) on the PostgreSQL server of admin_url, or None when none
     answers; probe: only ask whether one answers."""
-    import uuid
-
     from sqlalchemy import create_engine, text
 
     from gpulease.server.db import normalize_url
 
     admin_url = normalize_url(admin_url)
     try:
-        admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-        name = f"gpulease_bench_{uuid.uuid4().hex[:8]}"
-        with admin.connect() as conn:
-            conn.execute(text("SELECT 1" if probe else f'CREATE DATABASE "{name}"'))
-        admin.dispose()
+        if probe:
+            admin = create_engine(admin_url)
+            with admin.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            admin.dispose()
+            return admin_url, ""
+        return create_database(admin_url, "gpulease_bench")
     except Exception:
         return None
-    return admin_url.rsplit("/", 1)[0] + "/" + name, name
 
 
 def drop_pg(admin_url: str, name: str) -> None:
     """pg_database's database dropped, with any connection still open to it ended first."""
-    from sqlalchemy import create_engine, text
-
     from gpulease.server.db import normalize_url
 
-    admin = create_engine(normalize_url(admin_url), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = :n AND pid <> pg_backend_pid()"
-            ),
-            {"n": name},
-        )
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    drop_database(normalize_url(admin_url), name)

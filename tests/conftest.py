@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from sqlalchemy import Engine, create_engine, text
 from gpulease.server import security
 from gpulease.server.db import make_engine, migrate
 from gpulease.server.orm import Base
+from pg_support import create_database, drop_database
 from processes import REPO
 from ray_support import ray_cluster  # noqa: F401  (one Ray cluster per session)
 
@@ -94,27 +94,14 @@ def pg_database() -> Iterator[str]:
         if os.environ.get("CI"):
             pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}; CI must start it")
         pytest.skip(f"PostgreSQL is not reachable at {PG_ADMIN_URL}")
-    name = f"gpulease_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    url, name = create_database(PG_ADMIN_URL, "gpulease_test")
     engine = make_engine(url)
     migrate(engine)
     engine.dispose()
     yield url
     if url in _pg_engines:
         _pg_engines.pop(url).dispose()
-    with admin.connect() as conn:
-        conn.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = :n AND pid <> pg_backend_pid()"
-            ),
-            {"n": name},
-        )
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    drop_database(PG_ADMIN_URL, name)
 
 
 def _empty_pg(url: str) -> None:
