@@ -20,7 +20,7 @@ from alembic.script import ScriptDirectory
 from psycopg import AsyncConnection, pq
 from psycopg.adapt import AdaptersMap, Dumper, PyFormat
 from psycopg_pool import AsyncConnectionPool
-from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlalchemy import Connection, Engine, Select, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
@@ -184,6 +184,14 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One unit of work: commits on success, rolls back on any exception."""
     with factory() as session, session.begin():
         yield session
+
+
+def finds_any(sessions: sessionmaker[Session], statement: Select[Any]) -> bool:
+    """Whether statement finds a row, asked in a read-only transaction (no SQLite write
+    lock): what a reconciler step asks before the write transaction it usually has no
+    work for."""
+    with transaction(readers(sessions)) as session:
+        return session.execute(statement.limit(1)).first() is not None
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.errors import PaymentRequired
 from gpulease.core.money import format_credits
-from gpulease.server.db import readers, transaction, utcnow
+from gpulease.server.db import finds_any, readers, transaction, utcnow
 from gpulease.server.orm import DatasetUsage, Instance, StorageMeter
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import ledger, notifications
@@ -44,9 +44,8 @@ def daily_blocks(rt: Runtime) -> None:
         Instance.reserved_until <= now,
         Instance.status != RELEASED,
     )
-    with transaction(readers(rt.sessions)) as session:
-        if session.scalar(ended_by_now.with_only_columns(Instance.id).limit(1)) is None:
-            return
+    if not finds_any(rt.sessions, ended_by_now.with_only_columns(Instance.id)):
+        return
     with transaction(rt.sessions) as session:
         ended = session.scalars(ended_by_now).all()
         for instance in ended:

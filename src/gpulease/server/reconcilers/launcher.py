@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from gpulease.backends.base import RunnerSpec
 from gpulease.core.errors import InvalidInput
 from gpulease.server import runner_socket
-from gpulease.server.db import readers, transaction, utcnow
+from gpulease.server.db import finds_any, readers, transaction, utcnow
 from gpulease.server.orm import Gpu, Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.security import RUNNER_TOKEN_PREFIX, hash_token, new_token
@@ -44,9 +44,8 @@ def tick(rt: Runtime) -> None:
 
 def stop_broken_gangs(rt: Runtime) -> None:
     """The other ranks of a multi-node run one of whose ranks failed or was stopped."""
-    with transaction(readers(rt.sessions)) as session:
-        if not gangs.any_live(session):  # the usual case: no write lock taken for nothing
-            return
+    if not finds_any(rt.sessions, gangs.live_member_ids()):  # the usual case: no write lock
+        return
     with transaction(rt.sessions) as session:
         gangs.stop_broken(session)
 
@@ -290,9 +289,8 @@ def finish_releases(rt: Runtime) -> None:
     releasable = select(Instance).where(
         Instance.desired_state == "released", Instance.status.in_((STOPPED, FAILED))
     )
-    with transaction(readers(rt.sessions)) as session:
-        if session.scalar(releasable.with_only_columns(Instance.id).limit(1)) is None:
-            return
+    if not finds_any(rt.sessions, releasable.with_only_columns(Instance.id)):
+        return
     with transaction(rt.sessions) as session:
         for instance in session.scalars(releasable):
             finish_release(session, instance)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from gpulease.core.money import format_credits
-from gpulease.server.db import readers, transaction
+from gpulease.server.db import finds_any, transaction
 from gpulease.server.orm import Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import ledger, metering, notifications
@@ -14,9 +14,8 @@ from gpulease.server.services.instances.states import ACTIVE
 
 
 def tick(rt: Runtime) -> None:
-    with transaction(readers(rt.sessions)) as session:
-        if not metering.any_open(session):
-            return
+    if not finds_any(rt.sessions, metering.open_ids()):
+        return
     with transaction(rt.sessions) as session:
         owners = metering.charge_open_segments(session, min_step_s=rt.settings.billing_step_s)
     for owner_id in sorted(owners):

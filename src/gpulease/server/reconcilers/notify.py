@@ -8,7 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
-from gpulease.server.db import readers, transaction, utcnow
+from gpulease.server.db import finds_any, transaction, utcnow
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import notification_delivery
 
@@ -21,9 +21,8 @@ def tick(rt: Runtime, now: datetime | None = None) -> int:
     returns how many were delivered. Up to SENDERS go out in parallel."""
     settings = rt.settings
     now = now or utcnow()
-    with transaction(readers(rt.sessions)) as session:
-        if not notification_delivery.any_due(session, now):
-            return 0
+    if not finds_any(rt.sessions, notification_delivery.due_ids(now)):
+        return 0
     with transaction(rt.sessions) as session:
         jobs = notification_delivery.claim(session, settings, now)
     if not jobs:

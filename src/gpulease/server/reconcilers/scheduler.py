@@ -23,7 +23,7 @@ from gpulease.core.errors import Conflict, PaymentRequired
 from gpulease.scheduler.fifo import Placement, Request
 from gpulease.scheduler.model import ClusterState, Running, Waiting
 from gpulease.scheduler.policy import schedule
-from gpulease.server.db import readers, transaction, utcnow
+from gpulease.server.db import finds_any, transaction, utcnow
 from gpulease.server.orm import Gpu, Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import ledger, notifications, preemption, templates
@@ -50,13 +50,12 @@ def tick(rt: Runtime) -> int:
     acts on queued instances, or on preempted ones that have stopped."""
     placed = 0
     grace = rt.settings.preempt_grace_s
-    with transaction(readers(rt.sessions)) as session:
-        waiting = or_(
-            Instance.status == QUEUED,
-            and_(Instance.status == STOPPED, Instance.preempted_at.is_not(None)),
-        )
-        if session.scalar(select(Instance.id).where(waiting).limit(1)) is None:
-            return 0
+    waiting = or_(
+        Instance.status == QUEUED,
+        and_(Instance.status == STOPPED, Instance.preempted_at.is_not(None)),
+    )
+    if not finds_any(rt.sessions, select(Instance.id).where(waiting)):
+        return 0
     with transaction(rt.sessions) as session:
         preemption.requeue_stopped(session)
         placed += _start_reserved(session)

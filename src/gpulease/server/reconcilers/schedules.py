@@ -6,7 +6,7 @@ from datetime import datetime
 
 from sqlalchemy import ColumnElement, select
 
-from gpulease.server.db import readers, transaction, utcnow
+from gpulease.server.db import finds_any, transaction, utcnow
 from gpulease.server.orm import InstanceSchedule
 from gpulease.server.runtime import Runtime
 from gpulease.server.services.instances import schedules
@@ -16,9 +16,8 @@ def tick(rt: Runtime, now: datetime | None = None) -> int:
     """Apply every fire due by now. Returns how many fired. Asks first in a read-only
     transaction (no SQLite write lock): most ticks find nothing due."""
     now = now or utcnow()
-    with transaction(readers(rt.sessions)) as session:
-        if session.scalar(select(InstanceSchedule.id).where(_due(now)).limit(1)) is None:
-            return 0
+    if not finds_any(rt.sessions, select(InstanceSchedule.id).where(_due(now))):
+        return 0
     with transaction(rt.sessions) as session:
         due = session.scalars(
             select(InstanceSchedule)

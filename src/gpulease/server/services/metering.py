@@ -16,7 +16,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import String, Text, bindparam, cast, select, text, type_coerce, update
+from sqlalchemy import Select, String, Text, bindparam, cast, select, text, type_coerce, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -167,13 +167,14 @@ def refund_past(session: Session, segment: UsageSegment, end: datetime) -> int:
     return refunded
 
 
-def any_open(session: Session) -> bool:
-    """Whether any segment is open (asked in a read-only transaction first: on a server with
-    nothing running, the meter's every tick then takes no write lock)."""
-    return (
-        session.scalar(select(UsageSegment.id).where(UsageSegment.ended_at.is_(None)).limit(1))
-        is not None
-    )
+# An open segment: the ones charge_open_segments bills (ix_usage_segments_open holds them).
+_OPEN = UsageSegment.ended_at.is_(None)
+
+
+def open_ids() -> Select[int]:
+    """The open segments' ids: the meter asks whether there is any (db.finds_any) before it
+    opens a write transaction, so that a server with nothing running takes no write lock."""
+    return select(UsageSegment.id).where(_OPEN)
 
 
 def charge_open_segments(
@@ -209,7 +210,7 @@ def charge_open_segments(
                 UsageSegment.billed_seconds,
                 UsageSegment.charged_micro,
             )
-            .where(UsageSegment.ended_at.is_(None))
+            .where(_OPEN)
             .order_by(UsageSegment.id)
             .with_for_update(skip_locked=True)
         )

@@ -15,7 +15,7 @@ from email.message import EmailMessage
 from email.utils import make_msgid
 
 import httpx
-from sqlalchemy import ColumnElement, or_, select, update
+from sqlalchemy import ColumnElement, Select, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpulease.server.orm import Notification, NotificationChannel, NotificationDelivery, User
@@ -82,10 +82,10 @@ def _due(now: datetime) -> tuple[ColumnElement[bool], ...]:
     )
 
 
-def any_due(session: Session, now: datetime) -> bool:
-    """Whether claim would find a delivery (read in a read-only transaction first, the usual
-    answer being no, so that the sender's every tick takes no write lock for nothing)."""
-    return session.scalar(select(NotificationDelivery.id).where(*_due(now)).limit(1)) is not None
+def due_ids(now: datetime) -> Select[int]:
+    """The deliveries claim would find: the sender asks whether there is any first, the
+    usual answer being no, so that its every tick takes no write lock for nothing."""
+    return select(NotificationDelivery.id).where(*_due(now))
 
 
 def claim(session: Session, settings: Settings, now: datetime, limit: int = BATCH) -> list[Job]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -235,10 +235,10 @@ def free_fabric_addresses(
 _LIVE_MEMBER = (Instance.gang_id.is_not(None), Instance.status.in_(ACTIVE))
 
 
-def any_live(session: Session) -> bool:
-    """Whether any member of a multi-node run is queued, starting or running (the gangs
-    stop_broken looks at)."""
-    return session.scalar(select(Instance.id).where(*_LIVE_MEMBER).limit(1)) is not None
+def live_member_ids() -> Select[int]:
+    """The members of multi-node runs that are queued, starting or running (those of the
+    gangs stop_broken looks at): asked whether there is any before it runs."""
+    return select(Instance.id).where(*_LIVE_MEMBER)
 
 
 def stop_broken(session: Session) -> int:
