@@ -153,3 +153,158 @@ def test_fs_sync_fsyncs_this_threads_puts_and_skips_deleted_ones(
     synced.clear()
     store.sync()  # nothing new since
     assert synced == []
+
+
+def _pieces(total: int, seed: int) -> list[bytes]:
+    """Pieces of about 10 kB (sealed chunks of a pack) adding up to total bytes."""
+    import random
+
+    rng = random.Random(seed)
+    pieces, left = [], total
+    while left:
+        size = min(left, rng.randrange(1, 20_000))
+        pieces.append(rng.randbytes(size))
+        left -= size
+    return pieces
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [5_000],  # small: an ordinary put
+        [(3 << 20) + 123, 1 << 20],  # large and unaligned, then a smaller one in the same buffer
+        [2 << 20],  # whole blocks
+    ],
+)
+def test_put_pieces_stores_the_pieces_joined(store: BlobStore, sizes: list[int]) -> None:
+    for at, size in enumerate(sizes):
+        pieces = _pieces(size, at)
+        store.put_pieces(f"p/1/{at}", pieces)
+        store.sync()
+        whole = b"".join(pieces)
+        assert store.get(f"p/1/{at}") == whole
+        assert store.read_ranges(f"p/1/{at}", [(size - 7, 7), (0, 3)]) == [whole[-7:], whole[:3]]
+
+
+def _direct_writes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each pwrite of the test went past the page cache (O_DIRECT set on its fd)."""
+    import fcntl
+    import os
+
+    seen: list[bool] = []
+    pwrite = os.pwrite
+
+    def recording_pwrite(fd: int, data: object, offset: int) -> int:
+        seen.append(bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT))
+        return pwrite(fd, data, offset)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "pwrite", recording_pwrite)
+    return seen
+
+
+def test_large_fs_blobs_are_written_past_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FsBlobStore(tmp_path / "blobs")
+    direct = _direct_writes(monkeypatch)
+    store.put_pieces("p/1/small", _pieces(100_000, 1))
+    assert direct and not any(direct)
+    direct.clear()
+    store.put_pieces("p/1/large", _pieces((2 << 20) + 5, 2))
+    assert direct and all(direct)
+    assert store.path_of("p/1/large").stat().st_size == (2 << 20) + 5
+    assert store.path_of("p/1/large").stat().st_mode & 0o077 == 0
+
+
+def test_a_file_system_without_direct_writes_gets_ordinary_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import fcntl
+    import os
+
+    asked: list[int] = []
+    real = fcntl.fcntl
+
+    def refusing(fd: int, command: int, arg: int = 0) -> int:
+        if command == fcntl.F_SETFL and arg & os.O_DIRECT:
+            asked.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, command, arg)
+
+    monkeypatch.setattr(fcntl, "fcntl", refusing)
+    store = FsBlobStore(tmp_path / "blobs")
+    for at in range(2):
+        pieces = _pieces((1 << 20) + 999, at)
+        store.put_pieces(f"p/1/{at}", pieces)
+        assert store.get(f"p/1/{at}") == b"".join(pieces)
+    assert len(asked) == 1  # refused once: the store does not ask again
+
+
+def test_a_direct_write_refused_midway_is_finished_the_ordinary_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    store = FsBlobStore(tmp_path / "blobs")
+    direct = _direct_writes(monkeypatch)
+    recording = os.pwrite
+    calls = 0
+
+    def short_then_refusing(fd: int, data: memoryview, offset: int) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return recording(fd, data[: 1 << 20], offset)  # a short write, whole blocks
+        if calls == 2:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return recording(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", short_then_refusing)
+    pieces = _pieces((3 << 20) + 77, 3)
+    store.put_pieces("p/1/x", pieces)
+    assert store.get("p/1/x") == b"".join(pieces)
+    assert direct[0] and not direct[-1]
+
+
+def test_a_failed_large_put_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    store = FsBlobStore(tmp_path / "blobs")
+    store.put_pieces("p/1/kept", _pieces(2 << 20, 4))
+
+    def full(fd: int, data: object, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError, match="No space"):
+        store.put_pieces("p/1/lost", _pieces(2 << 20, 5))
+    monkeypatch.undo()
+    assert not store.exists("p/1/lost") and store.exists("p/1/kept")
+    assert not list(store.root.rglob(".*.tmp"))
+    store.put_pieces("p/1/again", _pieces(2 << 20, 6))  # its buffer went back for reuse
+    assert store.exists("p/1/again")
+
+
+def test_large_puts_from_several_threads_each_get_a_buffer(tmp_path: Path) -> None:
+    store = FsBlobStore(tmp_path / "blobs")
+    barrier = threading.Barrier(4)
+    expected = {n: _pieces((1 << 20) + n * 4_097, 10 + n) for n in range(4)}
+
+    def writer(n: int) -> None:
+        barrier.wait()
+        for round_ in range(3):
+            store.put_pieces(f"p/{n}/{round_}", expected[n])
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for n, pieces in expected.items():
+        for round_ in range(3):
+            assert store.get(f"p/{n}/{round_}") == b"".join(pieces)

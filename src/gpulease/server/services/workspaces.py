@@ -231,7 +231,7 @@ def store_chunks(
         pieces.append(sealed)
         placements.append((sha, len(data), offset, len(sealed)))
         offset += len(sealed)
-    vault.store.put(pack_key, b"".join(pieces))
+    vault.store.put_pieces(pack_key, pieces)
     vault.store.sync()
     now = utcnow()
     stored = 0

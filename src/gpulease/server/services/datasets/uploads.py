@@ -376,7 +376,7 @@ def store_chunks(
             length = len(pieces[2 * at]) + len(pieces[2 * at + 1])
             placements.append((pack_key, offset, length, chunk_id))
             offset += length
-        vault.store.put(pack_key, b"".join(pieces))
+        vault.store.put_pieces(pack_key, pieces)
         vault.store.sync()
     with transaction(sessions) as session:
         if placements:
