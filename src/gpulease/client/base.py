@@ -14,6 +14,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from gpulease.client.bodies import as_pieces
 from gpulease.client.config import TrustedCertificate, normalize_server_url
 from gpulease.client.errors import ApiError, ClientError, ServerUnreachable, refusal_text
 from gpulease.client.trust import (
@@ -150,6 +151,9 @@ class Transport:
         content: Iterator[bytes] | bytes | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
+        sent = self.headers(headers)
+        if isinstance(content, bytes):
+            content = as_pieces(content, sent)
         try:
             response = self._http.request(
                 method,
@@ -157,7 +161,7 @@ class Transport:
                 json=None if body is None else body_of(body),
                 params=params,
                 content=content,
-                headers=self.headers(headers),
+                headers=sent,
             )
         except httpx.TransportError as exc:
             raise self.transport_error(exc) from exc

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from gpulease.client.bodies import as_pieces
 from gpulease.client.trust import pinned_context
 from gpulease.schemas.runner import RUNNER_API, SESSION_TOKEN_PREFIX, RunnerSession
 
@@ -255,14 +256,16 @@ class Connection:
                 response.read()  # an error's short body, for the caller and the log
             return response
         if download_to is None:
+            sent = dict(headers)
+            body = None if content is None else as_pieces(content, sent)  # may add a header
             request = self._client.build_request(
                 method,
                 path,
-                headers=headers,
+                headers=sent,
                 json=json,
                 params=params,
                 timeout=timeout,
-                content=content,
+                content=body,
             )
             response = self._client.send(request, stream=True)
             try:
