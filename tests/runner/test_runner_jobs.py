@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from gpulease.backends.base import RunnerSpec
-from gpulease.backends.procfs import read_stat
+from gpulease.backends.procfs import all_stats, read_stat
 from gpulease.core.templates import get_template
 from gpulease.runner.jobs import RunProcess, run_env, stop_runs
 from gpulease.runner.logs import LogBatcher
@@ -107,11 +107,32 @@ def test_a_run_captures_both_streams_and_its_exit_code(tmp_path: Path) -> None:
     assert streams["stderr"] == "bad\n"
 
 
+def wait_for_program(run: RunProcess, name: str, timeout: float = 10.0) -> None:
+    """Until a process of the run's group has exec'd `name`. A SIGTERM sent sooner may meet
+    bash between fork and exec, where its own handler takes the signal and the program
+    never sees it: the stop then waits out its grace and kills (-9, not -15)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for stat in all_stats():
+            if stat.pgrp == run.pid and _comm(stat.pid) == name:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"run {run.run_id} did not start {name}")
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def test_a_run_is_its_own_process_group(tmp_path: Path) -> None:
     run = start(tmp_path, "sleep 30")
     try:
         assert os.getpgid(run.pid) == run.pid
         assert os.getsid(run.pid) == os.getsid(0)  # same session: a force stop finds it
+        wait_for_program(run, "sleep")
     finally:
         stop_runs([run], grace_s=5)
     wait_finished(run)
