@@ -265,7 +265,10 @@ def test_a_run_from_start_to_stop(
 def test_sigterm_stops_the_runs_and_reports(
     server: FakeServer, start_runner: Callable[..., Started]
 ) -> None:
-    server.runs = [{"id": 1, "command": "echo begin; sleep 60", "env": {}}]
+    # `wait`, not a foreground sleep: bash runs its TERM trap at once, whether or not the
+    # sleep had exec'd when the signal came (one that meets a child between fork and exec
+    # goes to bash's handler there, and a foreground sleep would then run its 60 s).
+    server.runs = [{"id": 1, "command": "sleep 60 & echo begin; wait", "env": {}}]
     runner = start_runner()
     assert wait_until(lambda: "begin\n" in server.output(1)["stdout"]), runner.log()
 
