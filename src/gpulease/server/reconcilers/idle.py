@@ -81,27 +81,37 @@ def _with_work(
         started = instance.started_at or now
         minutes = autostop.effective_idle_minutes(instance, ceiling)
         if instance.idle_warned_at is not None or (
-            limit is not None
-            and now >= started + timedelta(minutes=limit) - autostop.warning_lead(limit)
+            limit is not None and _runtime_warning_due(started, limit, now)
         ):
             due.append(instance.id)
         elif minutes is not None:
             looked.append((instance, minutes))
     since = autostop.idle_since_many(session, looked, now)
     for instance, minutes in looked:
-        window = timedelta(minutes=minutes)
-        if now - since[instance.id] >= window - autostop.warning_lead(minutes):
+        if _idle_warning_due(now - since[instance.id], minutes):
             due.append(instance.id)
     return due
+
+
+def _runtime_warning_due(started: datetime, limit: int, now: datetime) -> bool:
+    """Whether a maximum runtime of limit minutes from started is within its warning's lead
+    (or past): the read pass and the write pass judge by this one rule."""
+    return now >= started + timedelta(minutes=limit) - autostop.warning_lead(limit)
+
+
+def _idle_warning_due(idle_for: timedelta, minutes: int) -> bool:
+    """Whether idle time is within its warning's lead of an idle window of minutes (or past
+    it): the read pass and the write pass judge by this one rule."""
+    return idle_for >= timedelta(minutes=minutes) - autostop.warning_lead(minutes)
 
 
 def _warn_runtime(
     session: Session, instance: Instance, started: datetime, limit: int, now: datetime
 ) -> None:
     """Tell the owner, once per start, a lead time before the maximum runtime stops it."""
-    stop_at = started + timedelta(minutes=limit)
-    if now < stop_at - autostop.warning_lead(limit):
+    if not _runtime_warning_due(started, limit, now):
         return
+    stop_at = started + timedelta(minutes=limit)
     notifications.notify_once(
         session,
         instance.owner_id,
@@ -120,11 +130,11 @@ def _idle_step(session: Session, instance: Instance, minutes: int, now: datetime
     if instance.idle_warned_at is not None and started and instance.idle_warned_at < started:
         instance.idle_warned_at = None  # a warning of an earlier start: this one warns anew
     idle_for = now - autostop.idle_since(session, instance, now, minutes)
-    window = timedelta(minutes=minutes)
-    lead = autostop.warning_lead(minutes)
-    if idle_for < window - lead:
+    if not _idle_warning_due(idle_for, minutes):
         instance.idle_warned_at = None  # busy again: the next idle period warns again
         return False
+    window = timedelta(minutes=minutes)
+    lead = autostop.warning_lead(minutes)
     util = autostop.idle_util_pct(instance)
     what = (
         f"GPU utilisation under {util:g}% and no run, terminal or notebook activity"
