@@ -7,11 +7,11 @@ import sqlite3
 import struct
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from alembic import command
@@ -26,6 +26,13 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+IN_BATCH = 500
+"""Values per `IN (...)` list: PostgreSQL takes at most 65,535 bound parameters a statement,
+so a list that grows with the data (every instance due, every chunk of a version) is asked
+in slices of this many."""
+
+_T = TypeVar("_T")
 
 
 def utcnow() -> datetime:
@@ -184,6 +191,13 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One unit of work: commits on success, rolls back on any exception."""
     with factory() as session, session.begin():
         yield session
+
+
+def batches(items: Sequence[_T], size: int | None = None) -> list[Sequence[_T]]:
+    """items in slices of at most size (IN_BATCH), in order: one query each for an `IN`
+    list."""
+    size = size or IN_BATCH
+    return [items[at : at + size] for at in range(0, len(items), size)]
 
 
 def finds_any(sessions: sessionmaker[Session], statement: Select[Any]) -> bool:

@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from factories import Caller, RunnerDouble, make_running_instance, make_settings
 from gpulease.backends.fake import FakeBackend
+from gpulease.server import db
 from gpulease.server.app import create_app
 from gpulease.server.db import transaction
 from gpulease.server.orm import GpuSample, Instance, Notification, Run
@@ -316,3 +317,19 @@ def test_one_pass_judges_each_instance_by_its_own_window_threshold_readings_and_
             for i in session.scalars(select(Instance).where(Instance.idle_warned_at.is_not(None)))
         }
     assert warned == {"gpu-high-bar", "gpu-quiet", "nothing"}
+
+
+def test_a_pass_over_more_instances_than_one_in_list_stops_every_one_due(
+    ann: Caller, rt: Runtime, tick: Tick, runner_for: RunnerFor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PostgreSQL refuses a statement of more than 65,535 parameters, so the ids the write
+    # pass takes again are asked a slice at a time: here slices of 2 over 5 instances.
+    monkeypatch.setattr(db, "IN_BATCH", 2)
+    ids = [make_running_instance(ann, tick, runner_for, f"box{n}", gpu=None)[0] for n in range(5)]
+    for i in ids:
+        set_autostop(ann, i, idle_minutes=30)
+    t0 = max(started_at(rt, i) for i in ids)
+    assert idle.tick(rt, now=t0 + timedelta(minutes=25)) == 0
+    assert len(notes(rt, "idle_warning")) == 5
+    assert idle.tick(rt, now=t0 + timedelta(minutes=30)) == 5
+    assert {state(rt, i)[:2] for i in ids} == {("stopping", "stopped")}

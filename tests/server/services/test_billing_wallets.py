@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import select
 
 from factories import Caller, RunnerDouble, make_user
+from gpulease.server import db
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Instance, StorageMeter
 from gpulease.server.reconcilers import billing
@@ -208,6 +210,24 @@ def test_stopped_instances_are_released_after_warnings(
         row.stopped_at -= timedelta(days=3)
     billing.release_stopped(rt)
     assert ann.get("/api/v1/instances/old").json()["status"] == "released"
+
+
+def test_a_release_pass_over_more_instances_than_one_in_list_releases_every_one(
+    ann: Caller, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stopped instances pile up over months: the ids due are taken again a slice at a time
+    # (PostgreSQL refuses more than 65,535 parameters a statement), here slices of 2.
+    monkeypatch.setattr(db, "IN_BATCH", 2)
+    names = [f"old{n}" for n in range(5)]
+    for name in names:
+        assert ann.post("/api/v1/instances", json={"gpu": None, "name": name}).is_success
+        assert ann.post(f"/api/v1/instances/{name}/stop").is_success
+    with transaction(rt.sessions) as session:
+        for row in session.scalars(select(Instance).where(Instance.name.in_(names))):
+            assert row.stopped_at is not None
+            row.stopped_at -= timedelta(days=30)
+    billing.release_stopped(rt)
+    assert {ann.get(f"/api/v1/instances/{name}").json()["status"] for name in names} == {"released"}
 
 
 def test_low_balance_warns_once(

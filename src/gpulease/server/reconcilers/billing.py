@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from gpulease.core.errors import PaymentRequired
 from gpulease.core.money import format_credits
-from gpulease.server.db import finds_any, readers, transaction, utcnow
+from gpulease.server.db import batches, finds_any, readers, transaction, utcnow
 from gpulease.server.orm import DatasetUsage, Instance, StorageMeter
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import ledger, notifications
@@ -144,7 +144,12 @@ def release_stopped(rt: Runtime) -> None:
     if not due:
         return
     with transaction(rt.sessions) as session:
-        for instance in session.scalars(stopped.where(Instance.id.in_(due))).all():
+        taken = [
+            instance
+            for batch in batches(due)
+            for instance in session.scalars(stopped.where(Instance.id.in_(batch))).all()
+        ]
+        for instance in taken:
             if instance.stopped_at is None or plans.holds_reservation(instance, now):
                 continue
             release_at = instance.stopped_at + keep

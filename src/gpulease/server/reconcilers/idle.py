@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
-from gpulease.server.db import readers, transaction, utcnow
+from gpulease.server.db import batches, readers, transaction, utcnow
 from gpulease.server.orm import Instance
 from gpulease.server.runtime import Runtime
 from gpulease.server.services import notifications
@@ -37,11 +37,7 @@ def tick(rt: Runtime, now: datetime | None = None) -> int:
         return 0
     stopped = 0
     with transaction(rt.sessions) as session:
-        for instance in session.scalars(
-            query.where(Instance.id.in_(due))
-            .order_by(Instance.id)
-            .with_for_update(skip_locked=True)
-        ).all():
+        for instance in _taken(session, query, sorted(due)):
             started = instance.started_at or now
             limit = instance.max_runtime_minutes
             if limit is not None and now < started + timedelta(minutes=limit):
@@ -65,6 +61,21 @@ def tick(rt: Runtime, now: datetime | None = None) -> int:
             if minutes is not None and _idle_step(session, instance, minutes, now):
                 stopped += 1
     return stopped
+
+
+def _taken(session: Session, query: Select[Instance], ids: list[int]) -> list[Instance]:
+    """The instances of ids that query still finds, locked where the database can, in id
+    order (the lists grow with the fleet: one query a slice)."""
+    taken: list[Instance] = []
+    for batch in batches(ids):
+        taken.extend(
+            session.scalars(
+                query.where(Instance.id.in_(batch))
+                .order_by(Instance.id)
+                .with_for_update(skip_locked=True)
+            ).all()
+        )
+    return taken
 
 
 def _with_work(

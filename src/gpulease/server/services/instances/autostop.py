@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from gpulease.core.errors import Conflict, InvalidInput
 from gpulease.core.records import from_attributes
 from gpulease.schemas.autostop import AutostopPublic
+from gpulease.server.db import batches
 from gpulease.server.orm import GpuSample, Instance, Run
 from gpulease.server.services.rows import get_owned
 
@@ -165,7 +166,7 @@ def idle_since_many(
     for (minutes, util), members in groups.items():
         window_start = now - timedelta(minutes=minutes)
         in_window = (GpuSample.time >= window_start, GpuSample.util_pct.is_not(None))
-        for batch in _batches(members):
+        for batch in batches(members):
             ids = [i.id for i in batch]
             sampled = set(
                 session.scalars(
@@ -196,7 +197,7 @@ def idle_since_many(
                     since[instance.id] = floor if last_busy is None else max(floor, last_busy)
                 else:
                     unsampled.append(instance)
-    for batch in _batches(unsampled):
+    for batch in batches(unsampled):
         ids = [i.id for i in batch]
         running = set(
             session.scalars(
@@ -231,10 +232,6 @@ def _idle_floor(instance: Instance, now: datetime) -> datetime:
     if instance.last_activity_at is not None:
         floor = max(floor, instance.last_activity_at)
     return floor
-
-
-def _batches(instances: Sequence[Instance], size: int = 500) -> list[Sequence[Instance]]:
-    return [instances[at : at + size] for at in range(0, len(instances), size)]
 
 
 def public(instance: Instance, ceiling: int | None) -> AutostopPublic:
