@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from factories import Caller
 from gpulease.scheduler.policy import schedule
+from gpulease.server import db
 from gpulease.server.db import transaction, utcnow
 from gpulease.server.orm import Gpu, Instance, Run, UsageSegment
 from gpulease.server.reconcilers import scheduler
@@ -191,3 +192,20 @@ def test_an_instance_released_while_the_tick_places_it_is_left_released(
         assert row is not None and row.status == "released"
         assert session.scalar(select(Gpu.id).where(Gpu.instance_id == instance_id)) is None
     tick()  # and the next tick is an ordinary one
+
+
+def test_the_queue_is_read_a_slice_of_instances_at_a_time(
+    ann: Caller, bob: Caller, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A queue can outgrow PostgreSQL's 65,535 parameters a statement: its instances are
+    # read a slice at a time (here 2), and none is left out of the scheduler's view.
+    monkeypatch.setattr(db, "IN_BATCH", 2)
+    ids = [create(ann), create(bob, "A100-80GB:2"), create(ann, "T4:1"), create(bob), create(ann)]
+    with transaction(rt.sessions) as session:
+        waiting, refused = templates.restrict_queue(session, current_queue(session))
+        state, _, _ = scheduler.cluster_state(session, waiting, utcnow())
+        places = queue.queue_positions(session, waiting)
+    assert refused == {}
+    assert sorted(r.instance_id for r in waiting) == sorted(ids)
+    assert sorted(r.id for r in state.queue) == sorted(ids)
+    assert sorted(places) == sorted(ids)

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from gpulease.core.money import cost_for_seconds
+from gpulease.server import db
 from gpulease.server.db import transaction
 from gpulease.server.orm import Instance, LedgerEntry, LedgerTransaction, Team, UsageSegment
 from gpulease.server.runtime import Runtime
@@ -113,3 +114,33 @@ def test_the_bulk_tick_bills_every_wallet_exactly(rt: Runtime) -> None:
             assert written[f"usage:{s.id}:{s.billed_seconds}"] == memo
         # again at the same time: nothing new
         assert metering.charge_open_segments(session, now) == set()
+
+
+def test_wallet_accounts_finds_every_wallet_a_slice_of_owners_at_a_time(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A billing tick asks for every paying wallet at once; PostgreSQL refuses more than
+    # 65,535 parameters a statement, so the owners are asked a slice at a time (here 2).
+    monkeypatch.setattr(db, "IN_BATCH", 2)
+    with transaction(rt.sessions) as session:
+        people = [
+            users.create_user(session, f"u{n}", "password-123", signup_credit_micro=0)
+            for n in range(5)
+        ]
+        teams = [
+            Team(name=f"lab{n}", owner_id=people[0].id, created_at=BEFORE_MIDNIGHT)
+            for n in range(3)
+        ]
+        session.add_all(teams)
+        session.flush()
+        wallets = [(p.id, None) for p in people] + [(people[0].id, t.id) for t in teams]
+        first = ledger.wallet_accounts(session, wallets)
+        assert first == {w: ledger.wallet_account(session, *w) for w in wallets}
+        assert len(set(first.values())) == len(wallets)
+        # every account exists now: the second call must find each one in its queries
+        monkeypatch.setattr(ledger, "wallet_account", _not_asked_one_by_one)
+        assert ledger.wallet_accounts(session, wallets) == first
+
+
+def _not_asked_one_by_one(*wallet: object) -> int:
+    raise AssertionError(f"wallet {wallet} was not found by the batched query")

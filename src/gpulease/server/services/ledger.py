@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpulease.core.errors import InvalidInput
-from gpulease.server.db import utcnow
+from gpulease.server.db import batches, utcnow
 from gpulease.server.orm import LedgerAccount, LedgerEntry, LedgerTransaction
 
 WALLET = "wallet"
@@ -73,30 +73,33 @@ def wallet_account(session: Session, user_id: int, team_id: int | None) -> int:
 def wallet_accounts(
     session: Session, wallets: Iterable[tuple[int, int | None]]
 ) -> dict[tuple[int, int | None], int]:
-    """wallet_account for many (user_id, team_id) at once: one query for those that exist."""
+    """wallet_account for many (user_id, team_id) at once: a query per 500 owners for those
+    that exist."""
     wanted = set(wallets)
-    users = {u for u, t in wanted if t is None}
-    teams = {t for _, t in wanted if t is not None}
+    users = sorted({u for u, t in wanted if t is None})
+    teams = sorted({t for _, t in wanted if t is not None})
     of_user: dict[int, int] = {}
     of_team: dict[int, int] = {}
-    for acc_id, kind, user_id, team_id in session.execute(
-        select(
-            LedgerAccount.id, LedgerAccount.kind, LedgerAccount.user_id, LedgerAccount.team_id
-        ).where(
-            or_(
-                (LedgerAccount.kind == WALLET)
-                & LedgerAccount.user_id.in_(users)
-                & LedgerAccount.team_id.is_(None),
-                (LedgerAccount.kind == TEAM_WALLET)
-                & LedgerAccount.team_id.in_(teams)
-                & LedgerAccount.user_id.is_(None),
+    for batch in batches(users):
+        for acc_id, user_id in session.execute(
+            select(LedgerAccount.id, LedgerAccount.user_id).where(
+                LedgerAccount.kind == WALLET,
+                LedgerAccount.user_id.in_(batch),
+                LedgerAccount.team_id.is_(None),
             )
-        )
-    ):
-        if kind == WALLET and user_id is not None:
-            of_user[user_id] = acc_id
-        elif team_id is not None:
-            of_team[team_id] = acc_id
+        ):
+            if user_id is not None:
+                of_user[user_id] = acc_id
+    for batch in batches(teams):
+        for acc_id, team_id in session.execute(
+            select(LedgerAccount.id, LedgerAccount.team_id).where(
+                LedgerAccount.kind == TEAM_WALLET,
+                LedgerAccount.team_id.in_(batch),
+                LedgerAccount.user_id.is_(None),
+            )
+        ):
+            if team_id is not None:
+                of_team[team_id] = acc_id
     found: dict[tuple[int, int | None], int] = {}
     for user_id, team_id in wanted:
         known = of_user.get(user_id) if team_id is None else of_team.get(team_id)

@@ -21,7 +21,7 @@ from gpulease.core.names import NameRule
 from gpulease.core.templates import BUILTIN_TEMPLATES, Template, find_builtin, get_template
 from gpulease.envs.compat import NodeFacts, check, compatible_templates, note
 from gpulease.scheduler.fifo import Request
-from gpulease.server.db import utcnow
+from gpulease.server.db import batches, utcnow
 from gpulease.server.orm import Gpu, Instance, Node, User, UserTemplate
 from gpulease.server.services.instances.states import RELEASED, RUNNING
 from gpulease.server.services.rows import find_all, get_owned, insert
@@ -251,9 +251,8 @@ def restrict_queue(
     nodes = _nodes(session)
     instances = {
         i.id: i
-        for i in session.scalars(
-            select(Instance).where(Instance.id.in_([r.instance_id for r in queue]))
-        )
+        for batch in batches(sorted(r.instance_id for r in queue))
+        for i in session.scalars(select(Instance).where(Instance.id.in_(batch)))
     }
     restricted: list[Request] = []
     refused: dict[int, str] = {}

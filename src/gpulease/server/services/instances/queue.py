@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.orm import Session
 
 from gpulease.core.durations import span
@@ -25,7 +25,7 @@ from gpulease.scheduler.model import ClusterState, Config, FairShare, Running, R
 from gpulease.scheduler.model import Request as PolicyRequest
 from gpulease.scheduler.placement import FreeMap
 from gpulease.scheduler.policy import policy_order
-from gpulease.server.db import utcnow
+from gpulease.server.db import batches, utcnow
 from gpulease.server.orm import Gpu, Instance, Node, Run, UsageSegment
 from gpulease.server.services import quotas
 from gpulease.server.services.billing import plans
@@ -95,13 +95,14 @@ def _tasks(session: Session, instance_ids: list[int]) -> dict[int, str]:
     out: dict[int, str] = {}
     if not instance_ids:
         return out
-    for instance_id, task in session.execute(
-        select(Run.instance_id, Run.task_name)
-        .where(Run.instance_id.in_(instance_ids), Run.task_name.is_not(None))
-        .order_by(Run.id)
-    ):
-        if task is not None:
-            out[instance_id] = task  # the newest wins
+    for batch in batches(sorted(instance_ids)):
+        for instance_id, task in session.execute(
+            select(Run.instance_id, Run.task_name)
+            .where(Run.instance_id.in_(batch), Run.task_name.is_not(None))
+            .order_by(Run.id)
+        ):
+            if task is not None:
+                out[instance_id] = task  # the newest wins
     return out
 
 
@@ -159,12 +160,7 @@ def cluster_state(
         assert gpu.instance_id is not None
         held[gpu.instance_id].append(gpu)
     holders = list(session.scalars(select(Instance).where(Instance.id.in_(list(held)))))
-    rows = {
-        i.id: i
-        for i in session.scalars(
-            select(Instance).where(Instance.id.in_([r.instance_id for r in queue]))
-        )
-    }
+    rows = _queued_rows(session, queue)
     known = durations(session, [*holders, *rows.values()])
     running = RunningSet()
     for instance in holders:
@@ -250,20 +246,25 @@ def _requests(
     ]
 
 
+def _queued_rows(
+    session: Session, queue: Sequence[Request], *where: ColumnElement[bool]
+) -> dict[int, Instance]:
+    """The instances of the queue's requests by id, read a slice at a time: a queue can
+    outgrow the parameters one statement may carry (65,535 on PostgreSQL)."""
+    return {
+        i.id: i
+        for batch in batches(sorted(r.instance_id for r in queue))
+        for i in session.scalars(select(Instance).where(Instance.id.in_(batch), *where))
+    }
+
+
 def queue_positions(session: Session, queue: list[Request]) -> dict[int, int]:
     """1-based place of each queued instance among those for its GPU model, in the order
     the scheduler takes them (the server's policy, fair share and all)."""
     if not queue:
         return {}
     now = utcnow()
-    rows = {
-        i.id: i
-        for i in session.scalars(
-            select(Instance).where(
-                Instance.id.in_([r.instance_id for r in queue]), Instance.status == QUEUED
-            )
-        )
-    }
+    rows = _queued_rows(session, queue, Instance.status == QUEUED)
     requests = _requests(queue, rows, {})
     seen: dict[str, int] = defaultdict(int)
     out = {}
