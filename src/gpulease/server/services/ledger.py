@@ -16,7 +16,7 @@ from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpulease.core.errors import InvalidInput
 from gpulease.server.db import batches, utcnow
@@ -78,33 +78,34 @@ def wallet_accounts(
     wanted = set(wallets)
     users = sorted({u for u, t in wanted if t is None})
     teams = sorted({t for _, t in wanted if t is not None})
-    of_user: dict[int, int] = {}
-    of_team: dict[int, int] = {}
-    for batch in batches(users):
-        for acc_id, user_id in session.execute(
-            select(LedgerAccount.id, LedgerAccount.user_id).where(
-                LedgerAccount.kind == WALLET,
-                LedgerAccount.user_id.in_(batch),
-                LedgerAccount.team_id.is_(None),
-            )
-        ):
-            if user_id is not None:
-                of_user[user_id] = acc_id
-    for batch in batches(teams):
-        for acc_id, team_id in session.execute(
-            select(LedgerAccount.id, LedgerAccount.team_id).where(
-                LedgerAccount.kind == TEAM_WALLET,
-                LedgerAccount.team_id.in_(batch),
-                LedgerAccount.user_id.is_(None),
-            )
-        ):
-            if team_id is not None:
-                of_team[team_id] = acc_id
+    of_user = _wallets(session, WALLET, LedgerAccount.user_id, LedgerAccount.team_id, users)
+    of_team = _wallets(session, TEAM_WALLET, LedgerAccount.team_id, LedgerAccount.user_id, teams)
     found: dict[tuple[int, int | None], int] = {}
     for user_id, team_id in wanted:
         known = of_user.get(user_id) if team_id is None else of_team.get(team_id)
         # a wallet's first charge makes its account
         found[(user_id, team_id)] = known or wallet_account(session, user_id, team_id)
+    return found
+
+
+def _wallets(
+    session: Session,
+    kind: str,
+    owner: InstrumentedAttribute[int | None],
+    other: InstrumentedAttribute[int | None],
+    owners: list[int],
+) -> dict[int, int]:
+    """The existing wallet accounts of kind held by owners (owner column -> account id),
+    a slice of owners a query."""
+    found: dict[int, int] = {}
+    for batch in batches(owners):
+        for acc_id, owner_id in session.execute(
+            select(LedgerAccount.id, owner).where(
+                LedgerAccount.kind == kind, owner.in_(batch), other.is_(None)
+            )
+        ):
+            if owner_id is not None:
+                found[owner_id] = acc_id
     return found
 
 
