@@ -11,7 +11,6 @@ import errno
 import fcntl
 import hashlib
 import logging
-import mmap
 import os
 import secrets
 import threading
@@ -19,6 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, unquote
+
+from gpulease.storage.buffers import BufferPool
 
 log = logging.getLogger(__name__)
 
@@ -72,45 +73,9 @@ _DIRECT_MIN = 1 << 20
 _BLOCK = 4096
 
 
-class _Buffers:
-    """Page-aligned anonymous mappings for direct writes, two of them kept for the next
-    blobs (a push sends two packs at a time): refilling memory the process has touched
-    costs a fraction of touching new. At most 80 MiB stay mapped."""
-
-    KEEP = 2
-    KEEP_BYTES = 40 << 20  # a dataset pack (16 MiB) or a workspace pack (32 MiB), sealed
-    STEP = 4 << 20
-
-    def __init__(self) -> None:
-        self._free: list[mmap.mmap] = []
-        self._lock = threading.Lock()
-
-    def take(self, size: int) -> mmap.mmap:
-        """A buffer of at least size bytes: the smallest kept one that fits, or a new one."""
-        with self._lock:
-            fitting = [buffer for buffer in self._free if len(buffer) >= size]
-            if fitting:
-                buffer = min(fitting, key=len)
-                self._free.remove(buffer)
-                return buffer
-        return mmap.mmap(-1, -(-size // self.STEP) * self.STEP)
-
-    def give(self, buffer: mmap.mmap) -> None:
-        """Back from a write: the largest buffers up to KEEP_BYTES are kept, the rest unmapped."""
-        unmapped = [buffer]
-        if len(buffer) <= self.KEEP_BYTES:
-            with self._lock:
-                self._free.append(buffer)
-                self._free.sort(key=len, reverse=True)
-                unmapped = self._free[self.KEEP :]
-                del self._free[self.KEEP :]
-        for extra in unmapped:
-            # A view of it still held (by a traceback) keeps it mapped until that goes.
-            with contextlib.suppress(BufferError):
-                extra.close()
-
-
-_BUFFERS = _Buffers()
+# Two kept for the next blobs (a push sends two packs at a time), each up to a sealed
+# dataset pack (16 MiB) or workspace pack (32 MiB): at most 80 MiB stay mapped.
+_BUFFERS = BufferPool(keep=2, keep_bytes=40 << 20)
 
 
 def _write_all(fd: int, view: memoryview, offset: int) -> None:

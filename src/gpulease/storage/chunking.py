@@ -70,7 +70,7 @@ def pack(records: Iterable[tuple[str, bytes]]) -> bytes:
 
 
 def unpack(
-    body: bytes | bytearray, *, max_records: int | None = None
+    body: bytes | bytearray | memoryview, *, max_records: int | None = None
 ) -> Iterator[tuple[str, bytes]]:
     """The (sha256 hex, data) records of a pack body; PackError when it is malformed."""
     for digest, data in unpack_views(body, max_records=max_records):
@@ -78,7 +78,7 @@ def unpack(
 
 
 def unpack_views(
-    body: bytes | bytearray, *, max_records: int | None = None
+    body: bytes | bytearray | memoryview, *, max_records: int | None = None
 ) -> Iterator[tuple[bytes, memoryview]]:
     """unpack() without a copy: each record's raw 32-byte SHA-256 and a view of its data in
     body (hashlib and AES-GCM take views: a 16 MB pack is not copied chunk by chunk)."""
@@ -114,7 +114,7 @@ def check_records(records: Sequence[tuple[bytes, memoryview | bytes]], why: str)
 
 
 def unpack_checked(
-    body: bytes | bytearray, *, max_records: int | None, why: str
+    body: bytes | bytearray | memoryview, *, max_records: int | None, why: str
 ) -> Iterator[tuple[str, bytes]]:
     """unpack(), each record's data checked against its SHA-256 (check_records)."""
     for digest, data in unpack_views(body, max_records=max_records):

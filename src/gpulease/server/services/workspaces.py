@@ -205,7 +205,10 @@ def missing_chunks(
 
 
 def store_chunks(
-    sessions: sessionmaker[Session], vault: Vault, instance_id: int, body: bytes | bytearray
+    sessions: sessionmaker[Session],
+    vault: Vault,
+    instance_id: int,
+    body: bytes | bytearray | memoryview,
 ) -> int:
     """Take a pack of plaintext chunks (gpulease.storage.chunking), check each one's SHA-256,
     seal the ones the store lacks with the workspace key and keep them as one pack blob.

@@ -10,6 +10,8 @@ versions under /runner/v1/datasets.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -38,6 +40,7 @@ from gpulease.server.routers.pieces import PiecesResponse
 from gpulease.server.services.datasets import commits, library, mounts, quota, uploads
 from gpulease.server.services.datasets.vault import Vault
 from gpulease.storage import file_lists
+from gpulease.storage.buffers import BufferPool
 from gpulease.storage.chunking import PackError
 
 router = APIRouter(tags=["datasets"])
@@ -164,25 +167,71 @@ async def read_capped(request: Request, limit: int, what: str) -> bytes | bytear
     into one buffer of that size as it arrives: keeping the pieces and joining them at the
     end cost the server more than half again as much CPU as this copy (fresh memory for
     every piece, then for the 16 MB join)."""
+    length = _declared_length(request, limit, what)
+    if length is None:
+        return await _read_undeclared(request, limit, what)
+    body = bytearray(length)
+    await _read_into(request, memoryview(body), what)
+    return body
+
+
+@asynccontextmanager
+async def pack_body(request: Request, limit: int, what: str) -> AsyncIterator[memoryview]:
+    """A chunk pack's body (at most limit bytes), viewed in a buffer kept for the next pack
+    where it declares its length, as the CLI and the runner do: a 16 MiB body in fresh
+    memory cost the server more than copying it in (storage/buffers.py). The view is valid
+    inside the block only."""
+    length = _declared_length(request, limit, what)
+    if length is None:
+        with memoryview(await _read_undeclared(request, limit, what)) as view:
+            yield view
+        return
+    buffer = _PACK_BODIES.take(length)
+    try:
+        with memoryview(buffer) as whole:
+            view = whole[:length]
+            try:
+                await _read_into(request, view, what)
+                yield view
+            finally:
+                view.release()
+    finally:
+        _PACK_BODIES.give(buffer)  # kept only if no view of it is left
+
+
+# Two kept: a push sends two packs at a time (16 MiB of chunks each), a runner's workspace
+# save one (32 MiB); at most 80 MiB stay mapped.
+_PACK_BODIES = BufferPool(keep=2, keep_bytes=40 << 20)
+
+
+def _declared_length(request: Request, limit: int, what: str) -> int | None:
     declared = request.headers.get("content-length")
-    too_big = f"{what} may hold at most {limit} bytes; send smaller ones"
-    if declared is not None and declared.isascii() and declared.isdigit():
-        length = int(declared)
-        if length > limit:
-            raise InvalidInput(too_big)
-        return await _read_declared(request, length, what)
+    if declared is None or not declared.isascii() or not declared.isdigit():
+        return None
+    length = int(declared)
+    if length > limit:
+        raise InvalidInput(_too_big(limit, what))
+    return length
+
+
+def _too_big(limit: int, what: str) -> str:
+    return f"{what} may hold at most {limit} bytes; send smaller ones"
+
+
+async def _read_undeclared(request: Request, limit: int, what: str) -> bytes:
     parts = []
     size = 0
     async for piece in request.stream():
         size += len(piece)
         if size > limit:
-            raise InvalidInput(too_big)
+            raise InvalidInput(_too_big(limit, what))
         parts.append(piece)
     return b"".join(parts)
 
 
-async def _read_declared(request: Request, length: int, what: str) -> bytearray:
-    body = bytearray(length)
+async def _read_into(request: Request, body: memoryview, what: str) -> None:
+    """Fill body, exactly, from the request's stream."""
+    length = len(body)
     at = 0
     async for piece in request.stream():
         end = at + len(piece)
@@ -192,23 +241,22 @@ async def _read_declared(request: Request, length: int, what: str) -> bytearray:
         at = end
     if at != length:
         raise InvalidInput(f"{what} ended after {at} of its {length} bytes; send it again")
-    return body
 
 
 @router.post("/datasets/{name}/pushes/{push_id}/chunks")
 async def push_chunks(
     name: str, push_id: IdPath, user: DetachedUser, request: Request
 ) -> wire.DatasetChunksReceived:
-    body = await read_capped(request, uploads.MAX_PACK_BYTES, "a chunk pack")
     try:
-        received = await run_in_threadpool(
-            uploads.store_chunks,
-            runtime(request).sessions,
-            vault_of(request),
-            user.id,
-            push_id,
-            body,
-        )
+        async with pack_body(request, uploads.MAX_PACK_BYTES, "a chunk pack") as body:
+            received = await run_in_threadpool(
+                uploads.store_chunks,
+                runtime(request).sessions,
+                vault_of(request),
+                user.id,
+                push_id,
+                body,
+            )
     except PackError as exc:
         raise InvalidInput(f"malformed chunk pack: {exc}") from exc
     return wire.DatasetChunksReceived(

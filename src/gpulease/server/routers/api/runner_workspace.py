@@ -26,7 +26,7 @@ from gpulease.schemas.runner import (
     RunnerWorkspaceSnapshot,
 )
 from gpulease.server.routers.api.clock import Now
-from gpulease.server.routers.api.datasets import PACK, read_capped, vault_of
+from gpulease.server.routers.api.datasets import PACK, pack_body, vault_of
 from gpulease.server.routers.deps import DetachedRunnerInstance, RunnerInstance, SessionDep, runtime
 from gpulease.server.routers.pieces import PiecesResponse
 from gpulease.server.services import workspaces
@@ -52,11 +52,15 @@ def saving(session: SessionDep, instance: RunnerInstance, now: Now) -> Response:
 
 @router.post("/chunks", status_code=204)
 async def store(instance: DetachedRunnerInstance, request: Request) -> Response:
-    body = await read_capped(request, workspaces.MAX_PACK_BYTES, "a chunk pack")
     try:
-        await run_in_threadpool(
-            workspaces.store_chunks, runtime(request).sessions, vault_of(request), instance.id, body
-        )
+        async with pack_body(request, workspaces.MAX_PACK_BYTES, "a chunk pack") as body:
+            await run_in_threadpool(
+                workspaces.store_chunks,
+                runtime(request).sessions,
+                vault_of(request),
+                instance.id,
+                body,
+            )
     except PackError as exc:
         raise InvalidInput(f"malformed chunk pack: {exc}") from exc
     return Response(status_code=204)

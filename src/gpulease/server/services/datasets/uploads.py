@@ -319,7 +319,7 @@ def store_chunks(
     vault: Vault,
     owner_id: int,
     upload_id: int,
-    body: bytes | bytearray,
+    body: bytes | bytearray | memoryview,
 ) -> Received:
     """Take a pack of chunks (see gpulease.storage.chunking): check each one's SHA-256,
     seal it under its own key, and store the new ones together as one pack blob (one file
