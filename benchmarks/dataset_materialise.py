@@ -50,7 +50,7 @@ from typing import Any
 
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS.parent / "tests"))
-from dataset_push import generate, node_with_dataset, timed  # noqa: E402
+from dataset_push import generate, node_with_dataset, process_times, timed  # noqa: E402
 from results import emit  # noqa: E402
 
 SOURCE = BENCHMARKS.parent / "src"
@@ -256,9 +256,9 @@ def in_turns(
                 made = target / tree.name
             else:
                 server = node.servers[name][2].pid
-                before = _process_cpu(server)
+                before = process_times(server)
                 found = node.materialise(name, target)
-                after = _process_cpu(server)
+                after = process_times(server)
                 cpu[name].append(found["cpu"] + sum(after) - sum(before))
                 user[name].append(found["user"] + after[0] - before[0])
                 times[name].append(found["seconds"])
@@ -278,13 +278,6 @@ def in_turns(
 def _children_cpu() -> tuple[float, float]:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime, usage.ru_stime
-
-
-def _process_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds (user, system) a running process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _python() -> list[str]:

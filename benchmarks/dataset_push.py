@@ -109,17 +109,21 @@ def tar_read(tree: Path) -> float:
 def push(platform: Platform, tree: Path, name: str) -> tuple[float, float, dict[str, object]]:
     """(seconds the push reported, wall seconds of the CLI, its JSON report); the report
     gains "cpu": CPU seconds of the server and the CLI (its start included) for the push,
-    a figure that a loaded host inflates far less than the seconds."""
-    server_before = _process_cpu(platform)
+    a figure that a loaded host inflates far less than the seconds, and "server_cpu" and
+    "server_kernel": the server's share of it, and of that the kernel's."""
+    assert platform.proc is not None
+    server_before = process_times(platform.proc.pid)
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     result = platform.cli("dataset", "push", str(tree), "--name", name, "-o", "json")
     wall = time.perf_counter() - started
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     report = json.loads(result.stdout)
+    user, kernel = process_times(platform.proc.pid)
+    server = (user - server_before[0], kernel - server_before[1])
+    report["server_cpu"], report["server_kernel"] = sum(server), server[1]
     report["cpu"] = (
-        _process_cpu(platform)
-        - server_before
+        sum(server)
         + children.ru_utime
         + children.ru_stime
         - children_before.ru_utime
@@ -128,11 +132,11 @@ def push(platform: Platform, tree: Path, name: str) -> tuple[float, float, dict[
     return float(report["seconds"]), wall, report
 
 
-def _process_cpu(platform: Platform) -> float:
-    """CPU seconds (user and system) the server process has used so far."""
-    assert platform.proc is not None
-    fields = Path(f"/proc/{platform.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def process_times(pid: int) -> tuple[float, float]:
+    """CPU seconds (user, system) a running process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _push_platform(root: Path, pythonpath: str | None = None) -> Platform:
@@ -157,6 +161,7 @@ def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[
     tars: list[float] = []
     olds: list[float] = []
     cpus: dict[str, list[float]] = {"new": [], "old": []}
+    servers: dict[str, list[tuple[float, float]]] = {"new": [], "old": []}
     try:
         if args.against is not None:
             root.joinpath("old").mkdir()
@@ -179,11 +184,19 @@ def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[
                     seconds_of.append(seconds)
                     walls_of.append(wall)
                     cpus[which].append(float(report["cpu"]))  # type: ignore[arg-type]
+                    servers[which].append(
+                        (float(report["server_cpu"]), float(report["server_kernel"]))  # type: ignore[arg-type]
+                    )
                 load = os.getloadavg()[0]
                 console.print(
                     f"run {run + 1}: tar {tars[-1]:.3f} s, first push {firsts[-1]:.3f} s "
-                    f"({cpus['new'][-1]:.2f} CPU-s)"
-                    + (f", old code {olds[-1]:.3f} s ({cpus['old'][-1]:.2f} CPU-s)" if olds else "")
+                    f"({_cpu_words(cpus['new'][-1], servers['new'][-1])})"
+                    + (
+                        f", old code {olds[-1]:.3f} s "
+                        f"({_cpu_words(cpus['old'][-1], servers['old'][-1])})"
+                        if olds
+                        else ""
+                    )
                     + f" (load {load:.1f})"
                 )
         agains, again_walls = [], []
@@ -217,7 +230,8 @@ def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[
             "first push",
             first,
             f"CLI wall {statistics.median(walls):.2f} s, "
-            f"{statistics.median(cpus['new']):.2f} CPU-s server+CLI",
+            f"{statistics.median(cpus['new']):.2f} CPU-s server+CLI"
+            + _server_words(servers["new"]),
             tar,
             "tar cf - DIR | cat",
         )
@@ -227,7 +241,8 @@ def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[
             (
                 "first push, old code",
                 statistics.median(olds),
-                f"{statistics.median(cpus['old']):.2f} CPU-s server+CLI",
+                f"{statistics.median(cpus['old']):.2f} CPU-s server+CLI"
+                + _server_words(servers["old"]),
                 tar,
                 "tar cf - DIR | cat",
             )
@@ -254,6 +269,19 @@ def bench_push(root: Path, args: argparse.Namespace, console: Console) -> tuple[
                 )
             )
     return rows, tree
+
+
+def _cpu_words(cpu: float, server: tuple[float, float]) -> str:
+    return f"{cpu:.2f} CPU-s, server {server[0]:.2f}, kernel {server[1]:.2f}"
+
+
+def _server_words(servers: list[tuple[float, float]]) -> str:
+    """The server's CPU seconds and their kernel share, medians of each, when measured."""
+    if not servers:
+        return ""
+    total = statistics.median(cpu for cpu, _ in servers)
+    kernel = statistics.median(kernel for _, kernel in servers)
+    return f" (server {total:.2f}, of it kernel {kernel:.2f})"
 
 
 @contextlib.contextmanager
