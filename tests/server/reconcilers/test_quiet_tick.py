@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import event
 
 from factories import Caller, RunnerDouble, make_running_instance
+from gpulease.backends.fake import FakeBackend
 from gpulease.server.db import READ_ONLY, transaction, utcnow
 from gpulease.server.orm import Instance, InstanceSchedule
 from gpulease.server.reconcilers import (
@@ -126,3 +127,36 @@ def test_a_quiet_tick_only_reads_and_writes_once_there_is_work(
     with transaction(rt.sessions) as session:
         statuses = {i.id: i.status for i in session.query(Instance)}
     assert statuses == {running: "stopping", released: "released", aged: "released"}
+
+
+def test_a_quiet_launcher_tick_is_one_query_and_a_stop_still_leads_to_its_release(
+    ann: Caller,
+    rt: Runtime,
+    tick: Callable[[], None],
+    runner_for: Callable[[int], RunnerDouble],
+) -> None:
+    statements: list[str] = []
+
+    def executed(_conn, _cursor, statement, *_args):  # type: ignore[no-untyped-def]
+        if statement.split(None, 1)[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
+            statements.append(statement)
+
+    running, _ = make_running_instance(ann, tick, runner_for)
+    event.listen(rt.engine, "before_cursor_execute", executed)
+    try:
+        launcher.tick(rt)
+        assert len(statements) == 1, statements  # a running instance: nothing to launch
+        # released while it stops: one tick finishes the stop, then the release it waited for
+        assert ann.post(f"/api/v1/instances/{running}/release").status_code == 200
+        with transaction(rt.sessions) as session:
+            instance = session.get(Instance, running)
+            assert instance is not None and instance.status == "stopping"
+            handle = instance.runner_handle
+        assert isinstance(rt.backend, FakeBackend) and handle is not None
+        rt.backend.set_alive(handle, False)  # its runner exits without a word
+        launcher.tick(rt)
+    finally:
+        event.remove(rt.engine, "before_cursor_execute", executed)
+    with transaction(rt.sessions) as session:
+        instance = session.get(Instance, running)
+        assert instance is not None and instance.status == "released"
