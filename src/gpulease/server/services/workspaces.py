@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpulease.core.datasets import check_path, tree_conflict
 from gpulease.core.durations import span
 from gpulease.core.errors import Conflict, InvalidInput, NotFound
-from gpulease.server.db import transaction, utcnow
+from gpulease.server.db import batches, transaction, utcnow
 from gpulease.server.orm import Instance, StorageKey, WorkspaceChunk
 from gpulease.server.services import metering
 from gpulease.server.services.datasets.keys import ensure_key
@@ -55,7 +55,6 @@ MAX_PACK_BYTES = 80 * 1024 * 1024  # a pack sent by a runner
 MAX_FETCH_BYTES = 64 * 1024 * 1024  # the chunks one fetch may ask for
 MAX_LIST_BYTES = 64 * 1024 * 1024  # a snapshot's file list as JSON
 _SHA = re.compile(r"^[0-9a-f]{64}$")
-_IN_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -172,11 +171,11 @@ def _instance(session: Session, instance_id: int) -> Instance:
 def _rows(session: Session, instance_id: int, shas: Sequence[str]) -> dict[str, WorkspaceChunk]:
     found: dict[str, WorkspaceChunk] = {}
     ordered = sorted(set(shas))
-    for start in range(0, len(ordered), _IN_BATCH):
+    for batch in batches(ordered):
         for row in session.scalars(
             select(WorkspaceChunk).where(
                 WorkspaceChunk.instance_id == instance_id,
-                WorkspaceChunk.sha256.in_(ordered[start : start + _IN_BATCH]),
+                WorkspaceChunk.sha256.in_(batch),
             )
         ):
             found[row.sha256] = row
@@ -328,20 +327,18 @@ def confirm_snapshot(session: Session, instance: Instance, snapshot: str, now: d
 def _drop_rows(session: Session, dead: Sequence[tuple[int, str]]) -> list[str]:
     """Delete the chunk rows dead (id, pack) and return the packs no row points into now."""
     ids = [chunk_id for chunk_id, _ in dead]
-    for start in range(0, len(ids), _IN_BATCH):
+    for batch in batches(ids):
         session.execute(
             delete(WorkspaceChunk)
-            .where(WorkspaceChunk.id.in_(ids[start : start + _IN_BATCH]))
+            .where(WorkspaceChunk.id.in_(batch))
             .execution_options(synchronize_session=False)
         )
     packs = sorted({blob for _, blob in dead})
     used: set[str] = set()
-    for start in range(0, len(packs), _IN_BATCH):
+    for some in batches(packs):
         used.update(
             session.scalars(
-                select(WorkspaceChunk.blob)
-                .where(WorkspaceChunk.blob.in_(packs[start : start + _IN_BATCH]))
-                .distinct()
+                select(WorkspaceChunk.blob).where(WorkspaceChunk.blob.in_(some)).distinct()
             )
         )
     return [p for p in packs if p not in used]

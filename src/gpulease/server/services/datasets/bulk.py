@@ -10,6 +10,8 @@ from typing import Any
 from sqlalchemy import BigInteger, Integer, LargeBinary, String, Table
 from sqlalchemy.orm import Session
 
+from gpulease.server.db import batches
+
 
 def _placeholder(paramstyle: str) -> str:
     if paramstyle == "qmark":
@@ -79,14 +81,10 @@ def chunk_rows(
     connection = session.connection()
     mark = _placeholder(connection.dialect.paramstyle or "qmark")
     extra = f" AND {condition}" if condition else ""
-    for start in range(0, len(shas), _IN_BATCH):
-        batch = shas[start : start + _IN_BATCH]
+    for batch in batches(shas):
         marks = ", ".join([mark] * len(batch))
         sql = (
             f"SELECT {columns} FROM dataset_chunks "
             f"WHERE owner_id = {mark} AND sha256 IN ({marks}){extra}"
         )
         yield from connection.exec_driver_sql(sql, (owner_id, *batch)).fetchall()
-
-
-_IN_BATCH = 500

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpulease.server.db import transaction
+from gpulease.server.db import batches, transaction
 from gpulease.server.orm import Dataset, DatasetChunk, DatasetUpload, DatasetVersion, StorageKey
 from gpulease.server.services.datasets.keys import lock_owner
 from gpulease.server.services.datasets.quota import add_usage
@@ -81,21 +81,19 @@ def collect_garbage(sessions: sessionmaker[Session], vault: Vault, owner_id: int
         ]
         ids = [chunk_id for chunk_id, _, _ in dead]
         add_usage(session, owner_id, -sum(size for _, _, size in dead))
-        for start in range(0, len(ids), 500):
+        for batch in batches(ids):
             session.execute(
                 delete(DatasetChunk)
-                .where(DatasetChunk.id.in_(ids[start : start + 500]))
+                .where(DatasetChunk.id.in_(batch))
                 .execution_options(synchronize_session=False)
             )
         packs = sorted({blob for _, blob, _ in dead if blob is not None})
         still_used: set[str] = set()
-        for start in range(0, len(packs), 500):
+        for some in batches(packs):
             still_used.update(
                 blob
                 for blob in session.scalars(
-                    select(DatasetChunk.blob)
-                    .where(DatasetChunk.blob.in_(packs[start : start + 500]))
-                    .distinct()
+                    select(DatasetChunk.blob).where(DatasetChunk.blob.in_(some)).distinct()
                 )
                 if blob is not None
             )
